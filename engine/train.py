@@ -1,0 +1,213 @@
+"""The training loop. Read top to bottom: setup, resume, loop, save.
+
+Every rank runs this file (the DeepSpeed launcher starts one process per GPU, or per CPU
+"device" where there is no CUDA). Rank 0 alone writes events, TensorBoard and LoRA files;
+every rank takes part in checkpoints (DeepSpeed's rule).
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+from . import distributed as dist
+from .config import RunConfig
+from .events import EventLog
+from .version import __version__
+
+CANCEL_FILE = "cancel"  # the node (or a user) creates <run_dir>/cancel to stop the run cleanly
+KEEP_CHECKPOINTS = 2
+
+
+class _StopFlag:
+    """Set by SIGTERM/SIGINT, or by the cancel file; checked once per optimizer step."""
+
+    def __init__(self, run_dir: Path):
+        self.cancel_file = run_dir / CANCEL_FILE
+        self.signalled = False
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._on_signal)
+
+    def _on_signal(self, signum, frame):
+        self.signalled = True
+
+    def requested(self) -> bool:
+        return self.signalled or self.cancel_file.exists()
+
+
+def main(config_path: str) -> int:
+    cfg = RunConfig.load(config_path)
+    from .comfy_bootstrap import import_comfy
+
+    import_comfy(cfg.comfyui_root)
+    device_type = "cuda" if torch.cuda.is_available() else "cpu"
+    dist.init(device_type)
+    if device_type == "cuda":
+        torch.cuda.set_device(dist.local_rank())
+        device = torch.device("cuda", dist.local_rank())
+    else:
+        device = torch.device("cpu")
+    events = EventLog(cfg.run_dir, enabled=dist.rank() == 0)
+    try:
+        return train(cfg, device, events)
+    except BaseException as e:  # report every failure before the launcher sees the exit code
+        EventLog(cfg.run_dir).emit("error", rank=dist.rank(), message=f"{type(e).__name__}: {e}",
+                                   traceback=traceback.format_exc(limit=20))
+        raise
+
+
+def train(cfg: RunConfig, device: torch.device, events: EventLog) -> int:
+    import deepspeed
+
+    from .cache_format import CachedDataset
+    from .data import SampleStream, collate, steps_for_epochs
+    from .lora import inject_lora, lora_parameters, lora_state_dict
+    from .memory import enable_activation_checkpointing
+    from .model_loading import ModelLoadError, latent_channels, load_base_model
+    from .objective import DiffusionObjective
+    from .optim import build_optimizer, build_scheduler
+
+    run_dir = Path(cfg.run_dir)
+    rank, world = dist.rank(), dist.world_size()
+    t = cfg.train
+    stop = _StopFlag(run_dir)
+    launched = time.time()
+
+    # ---- data -------------------------------------------------------------------------
+    dataset = CachedDataset(cfg.cache_dir)
+    stream = SampleStream([dataset.repeats(i) for i in range(len(dataset))], seed=t.seed)
+    samples_per_step = t.batch_size * t.grad_accum * world
+    total_steps = t.steps if t.steps > 0 else steps_for_epochs(t.epochs, len(stream), samples_per_step)
+
+    # ---- model + LoRA -----------------------------------------------------------------
+    model = load_base_model(cfg, device)
+    cache_channels = dataset.latent_shape[0]
+    if cache_channels != latent_channels(model):
+        raise ModelLoadError(
+            f"the cache holds {cache_channels}-channel latents but {os.path.basename(cfg.model_path)} expects "
+            f"{latent_channels(model)}: cache the dataset with this model's VAE.")
+    targets = inject_lora(model.diffusion_model, cfg.lora)
+    if cfg.memory.activation_checkpointing:
+        enable_activation_checkpointing(model.diffusion_model)
+    objective = DiffusionObjective(model, seed=t.seed, timestep_sampling=t.timestep_sampling)
+    params = lora_parameters(model.diffusion_model)
+    optimizer = build_optimizer(cfg.memory.optimizer, params, t)
+    scheduler = build_scheduler(optimizer, t, total_steps)
+    ds_config = {
+        "train_micro_batch_size_per_gpu": t.batch_size,
+        "gradient_accumulation_steps": t.grad_accum,
+        "gradient_clipping": t.grad_clip,
+        "steps_per_print": 10**9,
+        "wall_clock_breakdown": False,
+    }
+    engine, _, _, _ = deepspeed.initialize(model=objective, optimizer=optimizer, lr_scheduler=scheduler,
+                                           config=ds_config)
+
+    # ---- resume -----------------------------------------------------------------------
+    ckpt_root = run_dir / "checkpoints"
+    signature = {"targets": len(targets), "rank": cfg.lora.rank, "model": os.path.basename(cfg.model_path)}
+    start_step = 0
+    if cfg.resume and (ckpt_root / "latest").exists():
+        _, client = engine.load_checkpoint(str(ckpt_root), load_module_strict=False)
+        if client.get("signature") != signature:
+            raise ValueError(f"checkpoint in {ckpt_root} was made for {client.get('signature')}, this run is "
+                             f"{signature}: resume with the same model and LoRA settings, or start a new run.")
+        start_step = int(client["step"])
+
+    events.emit("started", step=start_step, total=total_steps, world_size=world, device=str(device),
+                lora_targets=len(targets), trainable_params=sum(p.numel() for p in params),
+                samples=len(stream), setup_seconds=round(time.time() - launched, 2))
+    tb = _tensorboard(run_dir) if rank == 0 else None
+    meta = _lora_metadata(cfg, dataset.fingerprint)
+
+    def save_lora(name: str, step: int) -> None:
+        if rank == 0:
+            from .lora import save_lora as write
+            path = run_dir / "lora" / name
+            write(path, lora_state_dict(model.diffusion_model, cfg.lora), {**meta, "pipetrain_steps": str(step)})
+            events.emit("saved", step=step, path=str(path))
+
+    def save_checkpoint(step: int) -> None:
+        tag = f"step{step:06d}"
+        engine.save_checkpoint(str(ckpt_root), tag=tag, client_state={"step": step, "signature": signature},
+                               exclude_frozen_parameters=True)
+        if rank == 0:
+            _prune_checkpoints(ckpt_root, keep=KEEP_CHECKPOINTS)
+            events.emit("checkpoint", step=step, path=str(ckpt_root / tag))
+
+    # ---- loop ---------------------------------------------------------------------------
+    step = start_step
+    loss = float("nan")
+    while step < total_steps:
+        started = time.time()
+        lr = scheduler.get_last_lr()[0]
+        micro_losses = []
+        for micro in range(t.grad_accum):
+            positions = SampleStream.positions(step, micro, rank, world, t.grad_accum, t.batch_size)
+            latents, conds, ids = collate(dataset, stream, positions, device)
+            # LoRA dropout draws from the global RNG: seed it from the position, like the noise.
+            torch.manual_seed(t.seed * 1_000_003 + positions[0])
+            micro_loss = engine(latents, conds, ids)
+            engine.backward(micro_loss)
+            engine.step()
+            micro_losses.append(micro_loss.item())
+        step += 1
+        loss = dist.mean(sum(micro_losses) / len(micro_losses), device)
+        events.emit("step", step=step, total=total_steps, loss=loss, lr=lr,
+                    seconds=round(time.time() - started, 4))
+        if tb is not None:
+            tb.add_scalar("train/loss", loss, step)
+            tb.add_scalar("train/lr", lr, step)
+        if t.save_every and step % t.save_every == 0 and step < total_steps:
+            save_lora(f"lora_step{step:06d}.safetensors", step)
+        cancel = dist.any_true(stop.requested(), device)
+        if cancel or (t.checkpoint_every and step % t.checkpoint_every == 0) or step == total_steps:
+            save_checkpoint(step)
+        if cancel:
+            save_lora(f"lora_step{step:06d}.safetensors", step)
+            events.emit("cancelled", step=step, total=total_steps, loss=loss)
+            _close(tb)
+            return 0
+
+    final = run_dir / "lora" / "lora_final.safetensors"
+    save_lora(final.name, step)
+    events.emit("done", step=step, total=total_steps, loss=loss, lora=str(final),
+                seconds=round(time.time() - launched, 2))
+    _close(tb)
+    return 0
+
+
+def _lora_metadata(cfg: RunConfig, fingerprint: str) -> dict[str, str]:
+    return {
+        "pipetrain_version": __version__,
+        "pipetrain_base_model": os.path.basename(cfg.model_path),
+        "pipetrain_rank": str(cfg.lora.rank),
+        "pipetrain_alpha": str(cfg.lora.effective_alpha),
+        "pipetrain_targets": cfg.lora.targets,
+        "pipetrain_dataset_fingerprint": fingerprint,
+        "pipetrain_run": cfg.run_name,
+    }
+
+
+def _prune_checkpoints(root: Path, keep: int) -> None:
+    tags = sorted(p for p in root.glob("step*") if p.is_dir())
+    for old in tags[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _tensorboard(run_dir: Path):
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:  # tensorboard is optional for headless use
+        return None
+    return SummaryWriter(log_dir=str(run_dir / "tensorboard"))
+
+
+def _close(tb) -> None:
+    if tb is not None:
+        tb.close()

@@ -1,0 +1,25 @@
+"""PipeTrain's ComfyUI nodes (V1 API). Thin classes: validation and I/O; training is in engine/."""
+from .cache_latents import PipeTrainCacheLatents
+from .configure_lora import PipeTrainConfigureLoRA
+from .load_dataset import PipeTrainLoadDataset
+from .memory_options import PipeTrainMemoryOptions
+from .save_lora import PipeTrainSaveLoRA
+from .train_pipeline import PipeTrainTrainPipeline
+
+NODE_CLASS_MAPPINGS = {
+    "PipeTrainLoadDataset": PipeTrainLoadDataset,
+    "PipeTrainCacheLatents": PipeTrainCacheLatents,
+    "PipeTrainConfigureLoRA": PipeTrainConfigureLoRA,
+    "PipeTrainMemoryOptions": PipeTrainMemoryOptions,
+    "PipeTrainTrainPipeline": PipeTrainTrainPipeline,
+    "PipeTrainSaveLoRA": PipeTrainSaveLoRA,
+}
+
+NODE_DISPLAY_NAME_MAPPINGS = {
+    "PipeTrainLoadDataset": "PipeTrain Load Dataset",
+    "PipeTrainCacheLatents": "PipeTrain Cache Latents",
+    "PipeTrainConfigureLoRA": "PipeTrain Configure LoRA",
+    "PipeTrainMemoryOptions": "PipeTrain Memory Options",
+    "PipeTrainTrainPipeline": "PipeTrain Train Pipeline",
+    "PipeTrainSaveLoRA": "PipeTrain Save LoRA",
+}

@@ -1,0 +1,116 @@
+"""PipeTrainCacheLatents: encode the dataset once with the graph's VAE and CLIP, keep it on disk.
+
+Training then never loads an encoder. The cache lives under the first dataset folder, keyed by
+a fingerprint of the files, captions, resolution and encoder identity (engine/cache_format.py),
+so re-running is free, a cancelled run resumes, and a different VAE/CLIP gets its own folder.
+"""
+from __future__ import annotations
+
+import logging
+import time
+
+from ..engine.cache_format import (CacheError, CacheSpec, cache_dir_for, fingerprint, item_done, item_path,
+                                   item_summary, load_cond, remove_cache, write_item, write_manifest)
+from ..engine.dataset import DatasetSpec, load_image, relative_source, validate
+from .encoder_identity import encoder_identity
+from .types import CACHE, DATASET
+
+log = logging.getLogger("PipeTrain")
+
+# Keys of the CLIP output dict that are not data: "hooks" carries ComfyUI's hook objects for
+# scheduled conditioning at sampling time, which has no meaning for a cached training caption.
+_NOT_DATA_KEYS = ("hooks",)
+
+
+class PipeTrainCacheLatents:
+    CATEGORY = "PipeTrain"
+    RETURN_TYPES = (CACHE,)
+    RETURN_NAMES = ("cache",)
+    OUTPUT_TOOLTIPS = ("The finished latent + caption cache; connect it to TrainPipeline.",)
+    FUNCTION = "cache"
+    DESCRIPTION = ("Encode every image with the VAE and every caption with the text encoder, and store the results "
+                   "next to the dataset (.pipetrain_cache). Re-runs reuse it; a cancelled run resumes.")
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {"required": {
+            "dataset": (DATASET, {"tooltip": "The dataset from PipeTrain LoadDataset."}),
+            "vae": ("VAE", {"tooltip": "The VAE of the model you will train (from the same checkpoint or a VAE "
+                                       "loader); images are encoded with it."}),
+            "clip": ("CLIP", {"tooltip": "The text encoder of the model you will train; captions are encoded with it. "
+                                         "CLIP Set Last Layer and CLIP LoRAs applied before this node are part of "
+                                         "the cache key."}),
+            "regenerate": ("BOOLEAN", {"default": False,
+                                       "tooltip": "Delete this dataset's cache for these encoders and encode everything "
+                                                  "again. Leave off: changed files are detected automatically."}),
+        }}
+
+    def cache(self, dataset: DatasetSpec, vae, clip, regenerate: bool):
+        import torch
+        import comfy.model_management
+        import comfy.utils
+
+        scan = validate(dataset)
+        for warning in scan.warnings:
+            log.warning("PipeTrain CacheLatents: %s", warning)
+        identity = encoder_identity(vae, clip)
+        fp = fingerprint(dataset, scan.items, identity)
+        cache_dir = cache_dir_for(dataset, fp)
+        if regenerate and cache_dir.exists():
+            log.info("PipeTrain CacheLatents: regenerate is on, deleting %s", cache_dir)
+            remove_cache(cache_dir)
+
+        total = len(scan.items)
+        pbar = comfy.utils.ProgressBar(total)
+        # identical captions are encoded once per run; later ones copy the first item's stored
+        # conditioning from disk rather than keeping every caption's tensors in memory
+        caption_item: dict[str, int] = {}
+        reused = encoded = 0
+        failed: list[str] = []
+        skipped_keys: set[str] = set()
+        start = time.monotonic()
+        for index, item in enumerate(scan.items):
+            # Cancel in the UI lands here; finished items are already on disk, so the next run resumes.
+            comfy.model_management.throw_exception_if_processing_interrupted()
+            if item_done(cache_dir, index):
+                reused += 1
+                pbar.update(1)
+                continue
+            caption = item.caption or ""
+            try:
+                pixels = torch.from_numpy(load_image(item.path, dataset.resolution)).unsqueeze(0)
+            except Exception as e:  # passed the scan but fails to decode fully (e.g. truncated JPEG data)
+                failed.append(f"{item.path} ({type(e).__name__}: {e})")
+                pbar.update(1)
+                continue
+            with torch.inference_mode():  # no autograd graph: encoders are frozen here
+                latent = vae.encode(pixels)
+                if caption in caption_item:
+                    cond, extras = load_cond(cache_dir, caption_item[caption])
+                else:
+                    cond, extras = clip.encode_from_tokens_scheduled(clip.tokenize(caption))[0]
+                    extras = {k: v for k, v in extras.items() if k not in _NOT_DATA_KEYS}
+            skipped_keys.update(write_item(cache_dir, index, latent, cond, extras,
+                                           relative_source(dataset, item.path), caption, item.repeats))
+            caption_item.setdefault(caption, index)
+            encoded += 1
+            pbar.update(1)
+
+        if failed:
+            log.warning("PipeTrain CacheLatents: %d image(s) could not be decoded and are left out: %s",
+                        len(failed), "; ".join(failed[:5]))
+        if skipped_keys:
+            log.warning("PipeTrain CacheLatents: conditioning value(s) %s are neither tensors nor JSON and were not "
+                        "cached; models that need them will not train correctly.", ", ".join(sorted(skipped_keys)))
+        done = [i for i in range(total) if item_done(cache_dir, i)]
+        if not done:
+            raise CacheError(f"no image of the dataset could be encoded (first failure: {failed[0] if failed else '?'}): "
+                             "re-export the images as PNG or JPEG.")
+        latent_shape, cond_keys = item_summary(cache_dir, done[0])
+        items = [{"file": item_path(cache_dir, i).relative_to(cache_dir).as_posix(),
+                  "source": relative_source(dataset, scan.items[i].path), "repeats": scan.items[i].repeats}
+                 for i in done]
+        write_manifest(cache_dir, fp, dataset, items, latent_shape, cond_keys, identity)
+        log.info("PipeTrain CacheLatents: %d item(s) reused, %d encoded (%d distinct caption(s)) in %.1fs -> %s",
+                 reused, encoded, len(caption_item), time.monotonic() - start, cache_dir)
+        return (CacheSpec(str(cache_dir), fp, len(items), tuple(latent_shape)),)

@@ -1,0 +1,96 @@
+"""Everything PipeTrain's nodes need from the host ComfyUI, in one module.
+
+ComfyUI modules are imported inside functions, so the pack imports outside ComfyUI (tests,
+tooling, the Comfy Registry's scanner). Differences between ComfyUI versions (0.3.75 is the
+oldest supported) belong here and nowhere else.
+"""
+from __future__ import annotations
+
+import logging
+import os
+
+log = logging.getLogger("PipeTrain")
+
+
+def comfyui_root() -> str:
+    import folder_paths
+
+    return os.path.dirname(os.path.abspath(folder_paths.__file__))
+
+
+def filenames(folder: str) -> list[str]:
+    """Files ComfyUI lists for a model folder ("loras", "diffusion_models", "checkpoints")."""
+    try:
+        import folder_paths
+
+        return list(folder_paths.get_filename_list(folder))
+    except Exception:  # outside ComfyUI, or a folder name this version does not know
+        return []
+
+
+def full_path(folder: str, name: str) -> str | None:
+    import folder_paths
+
+    return folder_paths.get_full_path(folder, name)
+
+
+def first_folder(folder: str) -> str:
+    """The first configured directory of a model folder (where new files go)."""
+    import folder_paths
+
+    return folder_paths.get_folder_paths(folder)[0]
+
+
+def output_directory() -> str:
+    import folder_paths
+
+    return folder_paths.get_output_directory()
+
+
+def input_directory() -> str:
+    import folder_paths
+
+    return folder_paths.get_input_directory()
+
+
+def progress_bar(total: int):
+    import comfy.utils
+
+    return comfy.utils.ProgressBar(total)
+
+
+def interrupted() -> bool:
+    import comfy.model_management
+
+    return comfy.model_management.processing_interrupted()
+
+
+def raise_if_interrupted() -> None:
+    """Raise ComfyUI's own interrupt exception (and clear the flag) if the user pressed Cancel."""
+    import comfy.model_management
+
+    comfy.model_management.throw_exception_if_processing_interrupted()
+
+
+def free_accelerator_memory() -> None:
+    """Unload what ComfyUI holds in VRAM so the training ranks get the GPUs."""
+    import comfy.model_management
+
+    comfy.model_management.unload_all_models()
+    comfy.model_management.soft_empty_cache(True)
+
+
+def cuda_available() -> bool:
+    import comfy.model_management
+    import torch
+
+    return torch.cuda.is_available() and not comfy.model_management.cpu_mode()
+
+
+def load_lora_onto_model(model, lora_path: str, strength: float):
+    import comfy.sd
+    import comfy.utils
+
+    lora = comfy.utils.load_torch_file(lora_path, safe_load=True)
+    patched, _ = comfy.sd.load_lora_for_models(model, None, lora, strength, 0)
+    return patched

@@ -1,0 +1,55 @@
+"""PipeTrainConfigureLoRA: what LoRA to train (rank, alpha, layers, starting point)."""
+from __future__ import annotations
+
+from ..engine.config import LORA_DTYPES, LORA_TARGET_PRESETS, ConfigError, LoraSpec
+from . import compat
+from .types import LORA
+
+NONE = "none"
+
+
+class PipeTrainConfigureLoRA:
+    CATEGORY = "PipeTrain"
+    DESCRIPTION = "Choose the LoRA's size and which layers of the model it adapts."
+    RETURN_TYPES = (LORA,)
+    RETURN_NAMES = ("lora",)
+    FUNCTION = "configure"
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {
+            "required": {
+                "rank": ("INT", {"default": 16, "min": 1, "max": 1024, "tooltip":
+                         "LoRA rank: capacity of the adapter. 16-32 suits a style or a character; higher ranks "
+                         "learn more detail and make bigger files."}),
+                "alpha": ("FLOAT", {"default": 0.0, "min": 0.0, "max": 4096.0, "step": 0.5, "tooltip":
+                          "LoRA alpha; the update is scaled by alpha / rank. 0 means alpha = rank (scale 1.0)."}),
+                "dropout": ("FLOAT", {"default": 0.0, "min": 0.0, "max": 0.9, "step": 0.01, "tooltip":
+                            "Dropout on the LoRA input during training (0 = off). Small values (0.05) can reduce "
+                            "overfitting on tiny datasets."}),
+                "targets": (list(LORA_TARGET_PRESETS), {"default": "attention", "tooltip":
+                            "Which linear layers of the model's blocks get a LoRA: attention projections only, "
+                            "attention + MLP, or every linear layer in the blocks."}),
+                "target_regex": ("STRING", {"default": "", "tooltip":
+                                 "Optional regular expression on module names (e.g. 'double_blocks'); when set, only "
+                                 "the preset's layers whose name matches are trained."}),
+                "start_from": ([NONE] + compat.filenames("loras"), {"default": NONE, "tooltip":
+                               "Continue training an existing LoRA from ComfyUI's loras folder (same rank and "
+                               "targets), or 'none' to start fresh."}),
+                "lora_dtype": (list(LORA_DTYPES), {"default": "float32", "tooltip":
+                               "Precision of the trainable LoRA weights. float32 is safest; bfloat16 saves a little "
+                               "memory."}),
+            }
+        }
+
+    def configure(self, rank, alpha, dropout, targets, target_regex, start_from, lora_dtype):
+        init_from = ""
+        if start_from != NONE:
+            init_from = compat.full_path("loras", start_from) or ""
+            if not init_from:
+                raise ConfigError(f"start_from: LoRA {start_from!r} is not in ComfyUI's loras folder any more; "
+                                  "refresh the page and pick another, or 'none'.")
+        spec = LoraSpec(rank=rank, alpha=float(alpha), dropout=float(dropout), targets=targets,
+                        target_regex=target_regex.strip(), init_from=init_from, dtype=lora_dtype)
+        spec.validate()
+        return (spec,)

@@ -1,0 +1,90 @@
+"""PipeTrainSaveLoRA: put a run's LoRA into models/loras/pipetrain/ and optionally apply it."""
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path, PurePosixPath
+
+from ..engine.config import ConfigError
+from ..engine.version import __version__
+from . import compat
+from .types import RUN
+
+SUBFOLDER = "pipetrain"
+
+
+def safe_lora_target(loras_root: str, name: str) -> Path:
+    """models/loras/pipetrain/<name>.safetensors, refusing names that would leave that folder."""
+    clean = name.strip().replace("\\", "/")
+    if clean.lower().endswith(".safetensors"):
+        clean = clean[: -len(".safetensors")]
+    parts = PurePosixPath(clean).parts
+    if not clean or clean.startswith("/") or ":" in clean or any(p in ("..", ".") for p in parts):
+        raise ConfigError(f"LoRA name {name!r} is not allowed: use a plain name like 'my_style' (sub-folders "
+                          "such as 'people/anna' are fine; no '..', drive letters or absolute paths).")
+    base = (Path(loras_root) / SUBFOLDER).resolve()
+    target = base.joinpath(*parts).with_name(parts[-1] + ".safetensors").resolve()
+    if base not in target.parents:
+        raise ConfigError(f"LoRA name {name!r} would be written outside models/loras/{SUBFOLDER}: pick a plain name.")
+    return target
+
+
+def _file_bytes(tensors: dict, metadata: dict) -> bytes:
+    from safetensors.torch import save
+
+    return save(tensors, metadata=metadata)
+
+
+class PipeTrainSaveLoRA:
+    CATEGORY = "PipeTrain"
+    DESCRIPTION = ("Copy the trained LoRA to models/loras/pipetrain/<name>.safetensors (listed by LoraLoader) and, "
+                   "when a MODEL is connected, output it with the LoRA applied for a test sampler.")
+    RETURN_TYPES = ("MODEL", "STRING")
+    RETURN_NAMES = ("model", "lora_name")
+    FUNCTION = "save"
+    OUTPUT_NODE = True
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {
+            "required": {
+                "run": (RUN, {"tooltip": "The finished run from PipeTrain Train Pipeline."}),
+                "name": ("STRING", {"default": "my_lora", "tooltip":
+                         "File name under models/loras/pipetrain/ ('.safetensors' is added)."}),
+                "overwrite": ("BOOLEAN", {"default": False, "tooltip":
+                              "Replace an existing LoRA of that name. Off: a different existing file is an error, "
+                              "never silently replaced."}),
+            },
+            "optional": {
+                "model": ("MODEL", {"tooltip": "Optional: the base MODEL to apply the new LoRA to, for testing."}),
+                "strength": ("FLOAT", {"default": 1.0, "min": -10.0, "max": 10.0, "step": 0.05, "tooltip":
+                             "LoRA strength used for the MODEL output."}),
+            },
+        }
+
+    def save(self, run, name, overwrite, model=None, strength=1.0):
+        from safetensors import safe_open
+        from safetensors.torch import load_file
+
+        source = Path(run.lora_path)
+        if not source.is_file():
+            raise ConfigError(f"the run's LoRA file {source} is missing: was the run folder deleted? Train again.")
+        loras_root = compat.first_folder("loras")
+        target = safe_lora_target(loras_root, name)
+        with safe_open(str(source), framework="pt") as f:
+            metadata = dict(f.metadata() or {})
+        metadata.update({"pipetrain_version": __version__, "pipetrain_steps": str(run.steps),
+                         "pipetrain_run": run.run_name, "pipetrain_base_model": run.model_name})
+        data = _file_bytes(load_file(str(source)), metadata)
+        if target.exists() and not overwrite:
+            same = hashlib.sha256(target.read_bytes()).digest() == hashlib.sha256(data).digest()
+            if not same:
+                raise ConfigError(f"{target} already exists: choose another name, or turn on overwrite to replace it.")
+        else:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            tmp = target.with_name(f".{target.name}.tmp{os.getpid()}")
+            tmp.write_bytes(data)
+            os.replace(tmp, target)
+        lora_name = os.path.relpath(target, Path(loras_root).resolve())
+        out_model = compat.load_lora_onto_model(model, str(target), strength) if model is not None else None
+        return {"ui": {"text": [f"saved {lora_name}"]}, "result": (out_model, lora_name)}

@@ -1,0 +1,204 @@
+"""PipeTrainTrainPipeline: validate, write run.json, launch the engine out of process, relay progress.
+
+Training blocks this node (SaveLoRA and the test sampler need its result). Cancel in ComfyUI
+asks the engine to checkpoint and exit, kills the process group if it does not within a few
+seconds, then raises ComfyUI's interrupt.
+"""
+from __future__ import annotations
+
+import atexit
+import os
+import time
+
+from ..engine import launcher
+from ..engine.config import SCHEDULERS, TIMESTEP_SAMPLING, ConfigError, LaunchSpec, RunConfig, TrainSpec
+from ..engine.events import EventTail
+from . import compat
+from .runs import RESUME_LATEST, RESUME_OFF, RunResult, new_run_dir, resumable_runs, resume_run_dir, summary_text
+from .types import CACHE, LORA, MEMORY, RUN
+
+CANCEL_GRACE_S = 7.0  # the engine checkpoints and exits within this; then the group is killed
+POLL_S = 0.25
+_running: set = set()  # launcher processes alive in this ComfyUI, ended if ComfyUI exits
+
+
+@atexit.register
+def _stop_all_runs() -> None:
+    for proc in list(_running):
+        launcher.kill_tree(proc, grace=2.0)
+
+
+def _model_names() -> list[str]:
+    return compat.filenames("diffusion_models") + [n for n in compat.filenames("checkpoints")]
+
+
+class PipeTrainTrainPipeline:
+    CATEGORY = "PipeTrain"
+    DESCRIPTION = ("Train a LoRA out of process with DeepSpeed (data parallel over GPUs; CPU processes when there "
+                   "is no GPU). Writes output/pipetrain/<run>/ with run.json, events, TensorBoard logs, LoRA files "
+                   "and checkpoints.")
+    RETURN_TYPES = (RUN, "STRING")
+    RETURN_NAMES = ("run", "summary")
+    FUNCTION = "train"
+    OUTPUT_NODE = True
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {
+            "required": {
+                "model_name": (_model_names(), {"tooltip":
+                               "The model to train, from ComfyUI's diffusion_models (first) or checkpoints folders. "
+                               "It is loaded by the training processes with ComfyUI's own loader."}),
+                "cache": (CACHE, {"tooltip": "The encoded dataset from PipeTrain Cache Latents."}),
+                "lora": (LORA, {"tooltip": "LoRA settings from PipeTrain Configure LoRA."}),
+                "memory": (MEMORY, {"tooltip": "Memory/speed settings from PipeTrain Memory Options."}),
+                "steps": ("INT", {"default": 500, "min": 0, "max": 10_000_000, "tooltip":
+                          "Optimizer steps to train (in total, when resuming). 0 = use epochs instead."}),
+                "epochs": ("FLOAT", {"default": 0.0, "min": 0.0, "max": 100000.0, "step": 0.5, "tooltip":
+                           "Passes over the dataset (with repeats); used only when steps is 0."}),
+                "learning_rate": ("FLOAT", {"default": 1e-4, "min": 1e-7, "max": 0.1, "step": 1e-5,
+                                  "round": False, "tooltip": "Peak learning rate. 1e-4 is a common LoRA start."}),
+                "scheduler": (list(SCHEDULERS), {"default": "constant", "tooltip":
+                              "Learning-rate shape after warmup: constant, linear decay to 0, or cosine."}),
+                "warmup_steps": ("INT", {"default": 0, "min": 0, "max": 100000, "tooltip":
+                                 "Steps over which the learning rate ramps up from near 0."}),
+                "batch_size": ("INT", {"default": 1, "min": 1, "max": 256, "tooltip":
+                               "Images per process per micro step. Larger uses more memory."}),
+                "grad_accum": ("INT", {"default": 1, "min": 1, "max": 1024, "tooltip":
+                               "Micro steps per optimizer step. Effective batch = batch_size x grad_accum x GPUs."}),
+                "seed": ("INT", {"default": 0, "min": 0, "max": 2**31 - 1, "tooltip":
+                         "Seed for data order, noise and timesteps; the same seed repeats a run exactly."}),
+                "save_every": ("INT", {"default": 0, "min": 0, "max": 10_000_000, "tooltip":
+                               "Also save a LoRA every N steps (0 = only the final one)."}),
+                "checkpoint_every": ("INT", {"default": 0, "min": 0, "max": 10_000_000, "tooltip":
+                                     "Write a resumable checkpoint every N steps (0 = only at the end or on Cancel)."}),
+                "num_gpus": ("INT", {"default": 1, "min": 1, "max": 1024, "tooltip":
+                             "Training processes: one per GPU. Without a GPU they run on the CPU."}),
+                "run_name": ("STRING", {"default": "pipetrain_lora", "tooltip":
+                             "Folder name under output/pipetrain/. A taken name gets a _2, _3... suffix."}),
+                "resume": ([RESUME_OFF, RESUME_LATEST] + resumable_runs(_output_dir_or_empty()), {"tooltip":
+                           "off = new run; latest = continue the newest run that has a checkpoint; or continue the "
+                           "named run. Resuming trains up to 'steps' in total."}),
+            },
+            "optional": {
+                "gpu_ids": ("STRING", {"default": "", "tooltip":
+                            "Which GPUs to use, e.g. '0,1' (must list num_gpus GPUs). Empty = the first num_gpus."}),
+                "timestep_sampling": (list(TIMESTEP_SAMPLING), {"default": "uniform", "tooltip":
+                                      "How noise levels are drawn: uniform, or logit-normal (favours the middle; "
+                                      "common for flow models such as SD3/Flux)."}),
+            },
+        }
+
+    def train(self, model_name, cache, lora, memory, steps, epochs, learning_rate, scheduler, warmup_steps,
+              batch_size, grad_accum, seed, save_every, checkpoint_every, num_gpus, run_name, resume,
+              gpu_ids="", timestep_sampling="uniform"):
+        model_path = compat.full_path("diffusion_models", model_name) or compat.full_path("checkpoints", model_name)
+        if not model_path:
+            raise ConfigError(f"model_name {model_name!r} is not in ComfyUI's diffusion_models or checkpoints "
+                              "folders: put the file there and refresh, or pick another.")
+        train = TrainSpec(steps=steps, epochs=float(epochs), learning_rate=float(learning_rate), scheduler=scheduler,
+                          warmup_steps=warmup_steps, batch_size=batch_size, grad_accum=grad_accum, seed=seed,
+                          save_every=save_every, checkpoint_every=checkpoint_every,
+                          timestep_sampling=timestep_sampling)
+        launch = LaunchSpec(num_gpus=num_gpus, gpu_ids=gpu_ids.strip().replace(" ", ""))
+        cuda = compat.cuda_available()
+        if cuda:
+            import torch
+
+            visible = torch.cuda.device_count()
+            bad = [i for i in launch.device_ids() if i >= visible]
+            if bad:
+                raise ConfigError(f"GPU(s) {bad} requested but this machine shows {visible} GPU(s): lower num_gpus "
+                                  "or fix gpu_ids.")
+        train.validate()
+        launch.validate()
+
+        output = compat.output_directory()
+        run_dir = new_run_dir(output, run_name) if resume == RESUME_OFF else resume_run_dir(output, resume)
+        cfg = RunConfig(run_name=run_dir.name, run_dir=str(run_dir), comfyui_root=compat.comfyui_root(),
+                        model_path=model_path, cache_dir=cache.cache_dir, lora=lora, memory=memory, train=train,
+                        launch=launch, resume=resume != RESUME_OFF)
+        cfg = RunConfig.from_dict(cfg.to_dict())  # the same validation the engine runs at start
+        config_path = run_dir / "run.json"
+        cfg.save(config_path)
+
+        compat.free_accelerator_memory()
+        return relay(cfg, str(config_path), cuda, model_name)
+
+
+def _output_dir_or_empty() -> str:
+    try:
+        return compat.output_directory()
+    except Exception:  # imported outside ComfyUI
+        return os.devnull
+
+
+def relay(cfg: RunConfig, config_path: str, cuda: bool, model_name: str):
+    """Run the launcher to completion, mirroring its events on ComfyUI's progress bar."""
+    tail = EventTail(cfg.run_dir, start_at_end=True)  # a resumed run's old events are history
+    proc = launcher.spawn(cfg, config_path, cuda)
+    _running.add(proc)
+    bar = compat.progress_bar(max(1, cfg.train.steps))
+    last = {"step": 0, "total": cfg.train.steps, "loss": float("nan")}
+    finished, error_message, started = None, "", time.time()
+    try:
+        while True:
+            alive = proc.poll() is None
+            for ev in tail.read_new():
+                kind = ev.get("event")
+                if kind in ("started", "step", "cancelled", "done"):
+                    last.update({k: ev[k] for k in ("step", "total", "loss") if k in ev})
+                    bar.update_absolute(last["step"], last["total"])
+                if kind == "step":
+                    _log_progress(cfg.run_name, last, started)
+                elif kind in ("done", "cancelled"):
+                    finished = ev
+                elif kind == "error" and not error_message:
+                    error_message = ev.get("message", "")
+            if not alive:
+                break
+            if compat.interrupted():
+                _cancel(proc, cfg.run_dir)
+                compat.raise_if_interrupted()
+            time.sleep(POLL_S)
+    finally:
+        if proc.poll() is None:
+            launcher.kill_tree(proc)
+        _running.discard(proc)
+
+    if proc.returncode != 0 or finished is None:
+        hint = error_message or "see the log above; the full log is train.log in the run folder"
+        raise RuntimeError(
+            f"PipeTrain training failed (exit code {proc.returncode}) in {cfg.run_dir}.\nCause: {hint}\n"
+            f"Last lines of train.log:\n{launcher.log_tail(cfg.run_dir, 40)}")
+    status = finished["event"]
+    lora_path = finished.get("lora") or _newest_lora(cfg.run_dir)
+    result = RunResult(run_dir=cfg.run_dir, run_name=cfg.run_name, lora_path=lora_path, steps=int(last["step"]),
+                       total_steps=int(last["total"]), final_loss=float(last["loss"]), model_name=model_name,
+                       status=status)
+    text = summary_text(result)
+    return {"ui": {"text": [text]}, "result": (result, text)}
+
+
+def _cancel(proc, run_dir: str) -> None:
+    launcher.request_cancel(run_dir)
+    try:
+        proc.wait(timeout=CANCEL_GRACE_S)
+    except Exception:
+        pass
+    launcher.kill_tree(proc, grace=1.0)
+
+
+def _newest_lora(run_dir: str) -> str:
+    from pathlib import Path
+
+    files = sorted((Path(run_dir) / "lora").glob("*.safetensors"), key=lambda p: p.stat().st_mtime)
+    return str(files[-1]) if files else ""
+
+
+def _log_progress(name: str, last: dict, started: float) -> None:
+    step, total = last["step"], max(1, last["total"])
+    if step == 1 or step % max(1, total // 20) == 0 or step == total:
+        elapsed = time.time() - started
+        eta = elapsed / max(1, step) * (total - step)
+        compat.log.info("[PipeTrain] %s step %d/%d loss %.4f, ETA %.0f s", name, step, total, last["loss"], eta)

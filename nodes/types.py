@@ -1,0 +1,10 @@
+"""Names of PipeTrain's custom ComfyUI types, in one place so node files cannot drift apart.
+
+Each value travels between nodes as a small frozen dataclass (paths + parameters), never a
+live model, so it survives the process boundary to the engine and a ComfyUI restart.
+"""
+DATASET = "PIPETRAIN_DATASET"  # engine.dataset.DatasetSpec
+CACHE = "PIPETRAIN_CACHE"  # engine.cache_format.CacheSpec
+LORA = "PIPETRAIN_LORA"
+MEMORY = "PIPETRAIN_MEMORY"
+RUN = "PIPETRAIN_RUN"

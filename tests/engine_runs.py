@@ -1,0 +1,101 @@
+"""Helpers for tests that run the real engine: real DeepSpeed launcher, real ranks (gloo on CPU)."""
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import time
+from pathlib import Path
+
+from PipeTrain.engine import launcher
+from PipeTrain.engine.config import LaunchSpec, LoraSpec, RunConfig, TrainSpec
+from PipeTrain.engine.events import EventTail
+
+
+def build_cache(comfy_root: str, demo_base: dict) -> str:
+    """Encode the demo dataset with the tiny VAE + CLIP through the CacheLatents node, in-process."""
+    from PipeTrain.engine.comfy_bootstrap import import_comfy
+
+    import_comfy(comfy_root)
+    import comfy.sd
+    import comfy.utils
+    from PipeTrain.nodes.cache_latents import PipeTrainCacheLatents
+    from PipeTrain.nodes.load_dataset import PipeTrainLoadDataset
+
+    models = Path(demo_base["base_dir"]) / "models"
+    vae = comfy.sd.VAE(sd=comfy.utils.load_torch_file(str(models / "vae" / demo_base["vae"])))
+    clip = comfy.sd.load_clip([str(models / "text_encoders" / demo_base["clip"])],
+                              clip_type=comfy.sd.CLIPType.STABLE_DIFFUSION)
+    (dataset,) = PipeTrainLoadDataset().load(folders=demo_base["dataset"], resolution=64, repeats=1)
+    (cache,) = PipeTrainCacheLatents().cache(dataset=dataset, vae=vae, clip=clip, regenerate=False)
+    return cache.cache_dir
+
+
+def make_config(run_dir: Path, comfy_root: str, demo_base: dict, cache_dir: str, processes: int = 1,
+                resume: bool = False, lora: LoraSpec | None = None, **train) -> RunConfig:
+    defaults = dict(steps=12, learning_rate=1e-3, batch_size=2, grad_accum=1, seed=0)
+    model = Path(demo_base["base_dir"]) / "models" / "diffusion_models" / demo_base["unet"]
+    cfg = RunConfig(run_name=run_dir.name, run_dir=str(run_dir), comfyui_root=comfy_root, model_path=str(model),
+                    cache_dir=cache_dir, lora=lora or LoraSpec(rank=4, targets="attention_mlp"),
+                    train=TrainSpec(**{**defaults, **train}), launch=LaunchSpec(num_gpus=processes), resume=resume)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    cfg.save(run_dir / "run.json")
+    return RunConfig.load(run_dir / "run.json")
+
+
+def with_train(cfg: RunConfig, **changes) -> RunConfig:
+    return dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, **changes))
+
+
+class EngineRun:
+    """One launch of the engine as the node does it; collects events."""
+
+    def __init__(self, cfg: RunConfig):
+        self.cfg = cfg
+        Path(cfg.run_dir).mkdir(parents=True, exist_ok=True)
+        cfg.save(Path(cfg.run_dir) / "run.json")
+        self.tail = EventTail(cfg.run_dir, start_at_end=True)
+        self.events: list[dict] = []
+        self.proc = launcher.spawn(cfg, str(Path(cfg.run_dir) / "run.json"), cuda=False)
+
+    def poll_events(self) -> list[dict]:
+        new = self.tail.read_new()
+        self.events += new
+        return new
+
+    def wait(self, timeout: float = 300) -> int:
+        try:
+            self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            launcher.kill_tree(self.proc)
+            raise AssertionError(f"engine run did not finish in {timeout} s:\n{self.log()}")
+        self.poll_events()
+        return self.proc.returncode
+
+    def wait_for(self, kind: str, timeout: float = 300, min_step: int = 0) -> dict:
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            for ev in self.poll_events():
+                if ev["event"] == kind and ev.get("step", 0) >= min_step:
+                    return ev
+            if self.proc.poll() is not None:
+                self.poll_events()
+                raise AssertionError(f"engine exited ({self.proc.returncode}) before '{kind}':\n{self.log()}")
+            time.sleep(0.1)
+        raise AssertionError(f"no '{kind}' event within {timeout} s:\n{self.log()}")
+
+    def of(self, kind: str) -> list[dict]:
+        return [e for e in self.events if e["event"] == kind]
+
+    def losses(self) -> list[float]:
+        return [e["loss"] for e in self.of("step")]
+
+    def log(self) -> str:
+        return launcher.log_tail(self.cfg.run_dir, 60)
+
+
+def run_to_end(cfg: RunConfig, timeout: float = 300) -> EngineRun:
+    run = EngineRun(cfg)
+    rc = run.wait(timeout)
+    assert rc == 0, f"engine failed with exit code {rc}:\n{run.log()}"
+    assert run.of("done"), f"no 'done' event:\n{run.log()}"
+    return run

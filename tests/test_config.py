@@ -1,0 +1,86 @@
+"""RunConfig: round trip, and errors that name the setting and the fix."""
+import json
+
+import pytest
+
+from PipeTrain.engine.config import ConfigError, LaunchSpec, LoraSpec, MemorySpec, RunConfig, TrainSpec
+
+
+def _valid(tmp_path):
+    model = tmp_path / "model.safetensors"
+    model.write_bytes(b"x")
+    comfy = tmp_path / "ComfyUI"
+    (comfy / "comfy").mkdir(parents=True, exist_ok=True)
+    (comfy / "comfy" / "sd.py").write_text("")
+    cache = tmp_path / "cache"
+    cache.mkdir(exist_ok=True)
+    (cache / "manifest.json").write_text("{}")
+    return RunConfig(run_name="r1", run_dir=str(tmp_path / "run"), comfyui_root=str(comfy), model_path=str(model),
+                     cache_dir=str(cache))
+
+
+def test_round_trip_through_json(tmp_path):
+    cfg = _valid(tmp_path)
+    path = tmp_path / "run.json"
+    cfg.save(path)
+    assert RunConfig.load(path) == cfg
+    assert not list(tmp_path.glob(".run.json.tmp*")), "atomic write left its temp file"
+
+
+def test_frozen(tmp_path):
+    cfg = _valid(tmp_path)
+    with pytest.raises(Exception):
+        cfg.run_name = "other"
+
+
+@pytest.mark.parametrize("section,change,needle", [
+    ("lora", {"rank": 0}, "lora.rank"),
+    ("lora", {"targets": "everything"}, "attention, attention_mlp, all_linear"),
+    ("lora", {"target_regex": "("}, "not a valid regular expression"),
+    ("memory", {"pipeline_stages": 2}, "set pipeline_stages to 1"),
+    ("train", {"steps": 0, "epochs": 0.0}, "set steps"),
+    ("train", {"scheduler": "exp"}, "constant, linear, cosine"),
+    ("launch", {"num_gpus": 2, "gpu_ids": "0"}, "make them agree"),
+    ("launch", {"num_gpus": 1, "gpu_ids": "a"}, "comma-separated"),
+])
+def test_bad_values_name_the_setting(tmp_path, section, change, needle):
+    data = _valid(tmp_path).to_dict()
+    data[section].update(change)
+    with pytest.raises(ConfigError, match=needle.replace("(", r"\(")):
+        RunConfig.from_dict(data)
+
+
+def test_unknown_and_mistyped_keys(tmp_path):
+    data = _valid(tmp_path).to_dict()
+    data["train"]["learning_rat"] = 1e-4
+    with pytest.raises(ConfigError, match="learning_rat"):
+        RunConfig.from_dict(data)
+    data = _valid(tmp_path).to_dict()
+    data["train"]["steps"] = "100"
+    with pytest.raises(ConfigError, match="train.steps must be a whole number"):
+        RunConfig.from_dict(data)
+
+
+def test_missing_model_and_incomplete_cache(tmp_path):
+    data = _valid(tmp_path).to_dict()
+    data["model_path"] = str(tmp_path / "nope.safetensors")
+    with pytest.raises(ConfigError, match="nope.safetensors does not exist"):
+        RunConfig.from_dict(data)
+    data = _valid(tmp_path).to_dict()
+    (tmp_path / "cache" / "manifest.json").unlink()
+    with pytest.raises(ConfigError, match="run CacheLatents again"):
+        RunConfig.from_dict(data)
+
+
+def test_version_mismatch(tmp_path):
+    data = _valid(tmp_path).to_dict()
+    data["version"] = 99
+    with pytest.raises(ConfigError, match="re-create the run"):
+        RunConfig.from_dict(json.loads(json.dumps(data)))
+
+
+def test_alpha_defaults_to_rank():
+    assert LoraSpec(rank=8).effective_alpha == 8.0
+    assert LoraSpec(rank=8, alpha=4).effective_alpha == 4.0
+    assert MemorySpec().pipeline_stages == 1 and TrainSpec().steps > 0
+    assert LaunchSpec(num_gpus=2, gpu_ids="3,5").device_ids() == [3, 5]
