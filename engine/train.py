@@ -91,6 +91,7 @@ def train(cfg: RunConfig, device: torch.device, events: EventLog) -> int:
         raise ModelLoadError(
             f"the cache holds {cache_channels}-channel latents but {os.path.basename(cfg.model_path)} expects "
             f"{latent_channels(model)}: cache the dataset with this model's VAE.")
+    torch.manual_seed(t.seed)  # peft draws lora_A's initial values from the global RNG
     targets = inject_lora(model.diffusion_model, cfg.lora)
     if cfg.memory.activation_checkpointing:
         enable_activation_checkpointing(model.diffusion_model)

@@ -59,10 +59,13 @@ def progress_bar(total: int):
     return comfy.utils.ProgressBar(total)
 
 
-def interrupted() -> bool:
-    import comfy.model_management
+def __getattr__(name: str):
+    # ComfyUI's interrupt exception class, resolved lazily so this module imports outside ComfyUI.
+    if name == "InterruptProcessingException":
+        import comfy.model_management
 
-    return comfy.model_management.processing_interrupted()
+        return comfy.model_management.InterruptProcessingException
+    raise AttributeError(name)
 
 
 def raise_if_interrupted() -> None:

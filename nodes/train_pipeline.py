@@ -148,6 +148,7 @@ def relay(cfg: RunConfig, config_path: str, cuda: bool, model_name: str):
                 kind = ev.get("event")
                 if kind in ("started", "step", "cancelled", "done"):
                     last.update({k: ev[k] for k in ("step", "total", "loss") if k in ev})
+                    # ComfyUI's progress hook raises its interrupt exception here once Cancel is pressed.
                     bar.update_absolute(last["step"], last["total"])
                 if kind == "step":
                     _log_progress(cfg.run_name, last, started)
@@ -157,10 +158,11 @@ def relay(cfg: RunConfig, config_path: str, cuda: bool, model_name: str):
                     error_message = ev.get("message", "")
             if not alive:
                 break
-            if compat.interrupted():
-                _cancel(proc, cfg.run_dir)
-                compat.raise_if_interrupted()
+            compat.raise_if_interrupted()
             time.sleep(POLL_S)
+    except compat.InterruptProcessingException:
+        _cancel(proc, cfg.run_dir)
+        raise
     finally:
         if proc.poll() is None:
             launcher.kill_tree(proc)

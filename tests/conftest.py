@@ -16,7 +16,7 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if REPO_ROOT not in sys.path:
     sys.path.insert(0, REPO_ROOT)
 
-from comfy_server import ComfyServer  # noqa: E402
+from tools.comfy_server import ComfyServer  # noqa: E402
 from pack import load_pack  # noqa: E402
 
 # Register the repository as package `PipeTrain`, the way ComfyUI imports it, so test modules can

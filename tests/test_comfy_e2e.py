@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from comfy_server import ComfyError, ComfyInterrupted
+from tools.comfy_server import ComfyError, ComfyInterrupted
 from tools.demo import demo_prompt
 
 pytestmark = pytest.mark.slow
@@ -164,7 +164,7 @@ def test_empty_dataset_folder_is_reported(comfy_server, demo_base, tmp_path):
 
 
 def test_unknown_model_file_is_refused_before_running(comfy_server, demo_base):
-    prompt = _prompt(demo_base, "unknown_model", steps=1, processes=1)
+    prompt = _training_only(_prompt(demo_base, "unknown_model", steps=1, processes=1))
     _node(prompt, "PipeTrainTrainPipeline")["model_name"] = "does-not-exist.safetensors"
     with pytest.raises(ComfyError, match="does-not-exist.safetensors"):
         comfy_server.queue(prompt)

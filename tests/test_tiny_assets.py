@@ -14,7 +14,7 @@ import pytest
 import torch
 from PIL import Image
 
-from comfy_server import ComfyError, ComfyInterrupted
+from tools.comfy_server import ComfyError, ComfyInterrupted
 from tools import tiny_assets
 
 

@@ -1,4 +1,4 @@
-"""Run a real ComfyUI server in a subprocess for end-to-end tests.
+"""Run a real ComfyUI server in a subprocess (the demo and the end-to-end tests).
 
 The pack is installed the way a user installs it (a folder in `custom_nodes/`; here a symlink to
 this repository) and graphs go through the same HTTP API the browser uses, so a test sees what a
@@ -7,8 +7,8 @@ user would: node registration, validation errors, execution errors.
     with ComfyServer(comfy_root, base_dir) as server:
         entry = server.wait(server.queue(prompt), timeout=60)
 
-Import it as `comfy_server` (pytest puts tests/ on sys.path), not `tests.comfy_server`: once
-ComfyUI is importable, its own `tests` package would shadow ours.
+It lives in tools/, not tests/: once ComfyUI is on sys.path its own `tests` package would
+shadow ours.
 """
 from __future__ import annotations
 
