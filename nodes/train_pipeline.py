@@ -66,8 +66,10 @@ class PipeTrainTrainPipeline:
                                "Images per process per micro step. Larger uses more memory."}),
                 "grad_accum": ("INT", {"default": 1, "min": 1, "max": 1024, "tooltip":
                                "Micro steps per optimizer step. Effective batch = batch_size x grad_accum x GPUs."}),
-                "seed": ("INT", {"default": 0, "min": 0, "max": 2**31 - 1, "tooltip":
-                         "Seed for data order, noise and timesteps; the same seed repeats a run exactly."}),
+                # No "control after generate": a seed that changed after every queue would retrain.
+                "seed": ("INT", {"default": 0, "min": 0, "max": 2**31 - 1, "control_after_generate": False,
+                                 "tooltip": "Seed for LoRA init, data order, noise and timesteps; the same seed "
+                                            "repeats a run exactly."}),
                 "save_every": ("INT", {"default": 0, "min": 0, "max": 10_000_000, "tooltip":
                                "Also save a LoRA every N steps (0 = only the final one)."}),
                 "checkpoint_every": ("INT", {"default": 0, "min": 0, "max": 10_000_000, "tooltip":
