@@ -22,6 +22,7 @@ BASE_DTYPES = ("auto", "float32", "bfloat16", "float16")
 OPTIMIZERS = ("adamw",)
 SCHEDULERS = ("constant", "linear", "cosine")
 TIMESTEP_SAMPLING = ("uniform", "logit_normal")
+BACKENDS = ("deepspeed", "plain")  # plain = one PyTorch process, no DeepSpeed (engine/plain_trainer.py)
 RUN_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
 
 
@@ -117,9 +118,14 @@ class TrainSpec:
 class LaunchSpec:
     num_gpus: int = 1  # processes; on a machine without CUDA these are CPU processes
     gpu_ids: str = ""  # e.g. "0,1"; "" = the first num_gpus visible devices
+    backend: str = "deepspeed"
 
     def validate(self) -> None:
         _check(1 <= self.num_gpus <= 1024, f"launch.num_gpus is {self.num_gpus}: use 1 or more.")
+        _check(self.backend in BACKENDS, f"launch.backend is {self.backend!r}: choose one of {', '.join(BACKENDS)}.")
+        _check(self.backend == "deepspeed" or self.num_gpus == 1,
+               f"{self.num_gpus} GPUs need DeepSpeed, which is not in use (backend '{self.backend}'): "
+               "install it (pip install deepspeed, Linux) or train on 1 GPU.")
         if self.gpu_ids:
             _check(re.fullmatch(r"\d+(,\d+)*", self.gpu_ids) is not None,
                    f"gpu_ids {self.gpu_ids!r} is not a comma-separated list of GPU numbers like '0,1'.")
@@ -149,7 +155,7 @@ class RunConfig:
                f"run.json has version {self.version}, this PipeTrain reads version {CONFIG_VERSION}: "
                "re-create the run from the TrainPipeline node.")
         _check(bool(RUN_NAME_RE.match(self.run_name)),
-               f"run name {self.run_name!r}: use letters, digits, '_', '-' or '.', starting with a letter or digit.")
+               f"run_name {self.run_name!r}: use letters, digits, '_', '-' or '.', starting with a letter or digit.")
         _check(os.path.isfile(self.model_path), f"model file {self.model_path} does not exist: pick a file ComfyUI lists.")
         _check(os.path.isfile(os.path.join(self.comfyui_root, "comfy", "sd.py")),
                f"comfyui_root {self.comfyui_root} is not a ComfyUI folder (no comfy/sd.py).")
@@ -157,6 +163,9 @@ class RunConfig:
                f"cache {self.cache_dir} is incomplete (no manifest.json): run CacheLatents again.")
         for part in (self.lora, self.memory, self.train, self.launch):
             part.validate()
+        _check(self.launch.backend == "deepspeed" or self.memory.pipeline_stages == 1,
+               "pipeline_stages > 1 needs DeepSpeed: install it (pip install deepspeed, Linux) or set "
+               "pipeline_stages to 1.")
 
     # ---- (de)serialisation -------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:

@@ -3,8 +3,9 @@
 Used by the TrainPipeline node and by the headless command
     python -m engine.launcher <run_dir>/run.json
 Both start exactly the same process tree: `sys.executable -m deepspeed.launcher.runner ...`
-with cwd = the pack root, in its own process group so a cancel or a failure can end every
-rank at once.
+(or, for the DeepSpeed-free backend, `sys.executable -m engine ...`) with cwd = the pack root,
+in its own process group so a cancel or a failure can end every rank at once. Nothing here is
+POSIX-only: Windows gets a new process group and CTRL_BREAK instead of signals to a group.
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-from .config import RunConfig
+from .config import ConfigError, RunConfig
 
 PACK_ROOT = Path(__file__).resolve().parent.parent
 LOG_FILE = "train.log"
@@ -28,7 +29,25 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def deepspeed_available() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("deepspeed") is not None
+
+
+def resolve_backend(requested: str) -> str:
+    """'auto' -> DeepSpeed where it is installed, else one plain PyTorch process."""
+    if requested == "auto":
+        return "deepspeed" if deepspeed_available() else "plain"
+    if requested == "deepspeed" and not deepspeed_available():
+        raise ConfigError("backend 'deepspeed' is selected but DeepSpeed is not installed in ComfyUI's Python: "
+                          "pip install deepspeed (Linux), or choose backend 'auto'/'plain' for one GPU.")
+    return requested
+
+
 def launcher_command(cfg: RunConfig, config_path: str | os.PathLike, master_port: int) -> list[str]:
+    if cfg.launch.backend == "plain":  # no launcher: the engine itself is the one process
+        return [sys.executable, "-u", "-m", "engine", "--config", str(config_path)]
     cmd = [sys.executable, "-u", "-m", "deepspeed.launcher.runner", "--master_port", str(master_port)]
     if cfg.launch.gpu_ids:
         cmd += ["--include", "localhost:" + cfg.launch.gpu_ids]
@@ -40,6 +59,8 @@ def launcher_command(cfg: RunConfig, config_path: str | os.PathLike, master_port
 def launcher_env(cfg: RunConfig, cuda: bool) -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONUNBUFFERED"] = "1"
+    if cfg.launch.backend == "plain" and cfg.launch.gpu_ids:
+        env["CUDA_VISIBLE_DEVICES"] = cfg.launch.gpu_ids  # the DeepSpeed launcher does this for its ranks
     if not cuda:
         env["DS_ACCELERATOR"] = "cpu"
         # Ranks share the CPU cores: without this each rank starts one thread per core.

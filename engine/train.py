@@ -1,8 +1,8 @@
 """The training loop. Read top to bottom: setup, resume, loop, save.
 
 Every rank runs this file (the DeepSpeed launcher starts one process per GPU, or per CPU
-"device" where there is no CUDA). Rank 0 alone writes events, TensorBoard and LoRA files;
-every rank takes part in checkpoints (DeepSpeed's rule).
+"device" where there is no CUDA; without DeepSpeed it is one plain process). Rank 0 alone writes
+events, TensorBoard and LoRA files; every rank takes part in checkpoints (DeepSpeed's rule).
 """
 from __future__ import annotations
 
@@ -30,8 +30,10 @@ class _StopFlag:
     def __init__(self, run_dir: Path):
         self.cancel_file = run_dir / CANCEL_FILE
         self.signalled = False
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            signal.signal(sig, self._on_signal)
+        # SIGBREAK: what Windows delivers for CTRL_BREAK_EVENT (engine/launcher.py kill_tree).
+        for sig in (signal.SIGTERM, signal.SIGINT, getattr(signal, "SIGBREAK", None)):
+            if sig is not None:
+                signal.signal(sig, self._on_signal)
 
     def _on_signal(self, signum, frame):
         self.signalled = True
@@ -46,7 +48,8 @@ def main(config_path: str) -> int:
 
     import_comfy(cfg.comfyui_root)
     device_type = "cuda" if torch.cuda.is_available() else "cpu"
-    dist.init(device_type)
+    if cfg.launch.backend == "deepspeed":
+        dist.init(device_type)
     if device_type == "cuda":
         torch.cuda.set_device(dist.local_rank())
         device = torch.device("cuda", dist.local_rank())
@@ -62,8 +65,6 @@ def main(config_path: str) -> int:
 
 
 def train(cfg: RunConfig, device: torch.device, events: EventLog) -> int:
-    import deepspeed
-
     from .cache_format import CachedDataset
     from .data import SampleStream, collate, steps_for_epochs
     from .lora import inject_lora, lora_parameters, lora_state_dict
@@ -99,21 +100,14 @@ def train(cfg: RunConfig, device: torch.device, events: EventLog) -> int:
     params = lora_parameters(model.diffusion_model)
     optimizer = build_optimizer(cfg.memory.optimizer, params, t)
     scheduler = build_scheduler(optimizer, t, total_steps)
-    ds_config = {
-        "train_micro_batch_size_per_gpu": t.batch_size,
-        "gradient_accumulation_steps": t.grad_accum,
-        "gradient_clipping": t.grad_clip,
-        "steps_per_print": 10**9,
-        "wall_clock_breakdown": False,
-    }
-    engine, _, _, _ = deepspeed.initialize(model=objective, optimizer=optimizer, lr_scheduler=scheduler,
-                                           config=ds_config)
+    engine = _build_engine(cfg, objective, optimizer, scheduler)
 
     # ---- resume -----------------------------------------------------------------------
     ckpt_root = run_dir / "checkpoints"
     signature = {"targets": len(targets), "rank": cfg.lora.rank, "model": os.path.basename(cfg.model_path)}
     start_step = 0
     if cfg.resume and (ckpt_root / "latest").exists():
+        _check_checkpoint_backend(ckpt_root, cfg.launch.backend)
         _, client = engine.load_checkpoint(str(ckpt_root), load_module_strict=False)
         if client.get("signature") != signature:
             raise ValueError(f"checkpoint in {ckpt_root} was made for {client.get('signature')}, this run is "
@@ -181,6 +175,38 @@ def train(cfg: RunConfig, device: torch.device, events: EventLog) -> int:
                 seconds=round(time.time() - launched, 2))
     _close(tb)
     return 0
+
+
+def _build_engine(cfg: RunConfig, objective: torch.nn.Module, optimizer, scheduler):
+    """DeepSpeed's engine (data parallel over the launched ranks), or the single-process one."""
+    t = cfg.train
+    if cfg.launch.backend == "plain":
+        from .plain_trainer import PlainTrainer
+
+        return PlainTrainer(objective, optimizer, scheduler, grad_accum=t.grad_accum, grad_clip=t.grad_clip)
+    import deepspeed
+
+    ds_config = {
+        "train_micro_batch_size_per_gpu": t.batch_size,
+        "gradient_accumulation_steps": t.grad_accum,
+        "gradient_clipping": t.grad_clip,
+        "steps_per_print": 10**9,
+        "wall_clock_breakdown": False,
+    }
+    engine, _, _, _ = deepspeed.initialize(model=objective, optimizer=optimizer, lr_scheduler=scheduler,
+                                           config=ds_config)
+    return engine
+
+
+def _check_checkpoint_backend(root: Path, backend: str) -> None:
+    from .plain_trainer import STATE_FILE
+
+    tag = (root / "latest").read_text().strip()
+    plain = (root / tag / STATE_FILE).is_file()
+    if plain != (backend == "plain"):
+        writer = "without DeepSpeed" if plain else "with DeepSpeed"
+        raise ValueError(f"the checkpoint {root / tag} was written {writer}; this run uses backend '{backend}'. "
+                         "Resume with the same backend, or start a new run.")
 
 
 def _lora_metadata(cfg: RunConfig, fingerprint: str) -> dict[str, str]:

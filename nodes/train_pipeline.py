@@ -7,11 +7,13 @@ seconds, then raises ComfyUI's interrupt.
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import os
 import time
+from pathlib import Path
 
 from ..engine import launcher
-from ..engine.config import SCHEDULERS, TIMESTEP_SAMPLING, ConfigError, LaunchSpec, RunConfig, TrainSpec
+from ..engine.config import BACKENDS, SCHEDULERS, TIMESTEP_SAMPLING, ConfigError, LaunchSpec, RunConfig, TrainSpec
 from ..engine.events import EventTail
 from . import compat
 from .runs import RESUME_LATEST, RESUME_OFF, RunResult, new_run_dir, resumable_runs, resume_run_dir, summary_text
@@ -29,13 +31,13 @@ def _stop_all_runs() -> None:
 
 
 def _model_names() -> list[str]:
-    return compat.filenames("diffusion_models") + [n for n in compat.filenames("checkpoints")]
+    return compat.filenames("diffusion_models") + compat.filenames("checkpoints")
 
 
 class PipeTrainTrainPipeline:
     CATEGORY = "PipeTrain"
     DESCRIPTION = ("Train a LoRA out of process with DeepSpeed (data parallel over GPUs; CPU processes when there "
-                   "is no GPU). Writes output/pipetrain/<run>/ with run.json, events, TensorBoard logs, LoRA files "
+                   "is no GPU), or in one plain PyTorch process where DeepSpeed is not installed. Writes output/pipetrain/<run>/ with run.json, events, TensorBoard logs, LoRA files "
                    "and checkpoints.")
     RETURN_TYPES = (RUN, "STRING")
     RETURN_NAMES = ("run", "summary")
@@ -88,12 +90,15 @@ class PipeTrainTrainPipeline:
                 "timestep_sampling": (list(TIMESTEP_SAMPLING), {"default": "uniform", "tooltip":
                                       "How noise levels are drawn: uniform, or logit-normal (favours the middle; "
                                       "common for flow models such as SD3/Flux)."}),
+                "backend": (["auto", *BACKENDS], {"default": "auto", "tooltip":
+                            "auto = DeepSpeed when it is installed, else one plain PyTorch process (1 GPU; e.g. "
+                            "Windows). plain works without DeepSpeed but only on one GPU."}),
             },
         }
 
     def train(self, model_name, cache, lora, memory, steps, epochs, learning_rate, scheduler, warmup_steps,
               batch_size, grad_accum, seed, save_every, checkpoint_every, num_gpus, run_name, resume,
-              gpu_ids="", timestep_sampling="uniform"):
+              gpu_ids="", timestep_sampling="uniform", backend="auto"):
         model_path = compat.full_path("diffusion_models", model_name) or compat.full_path("checkpoints", model_name)
         if not model_path:
             raise ConfigError(f"model_name {model_name!r} is not in ComfyUI's diffusion_models or checkpoints "
@@ -102,7 +107,8 @@ class PipeTrainTrainPipeline:
                           warmup_steps=warmup_steps, batch_size=batch_size, grad_accum=grad_accum, seed=seed,
                           save_every=save_every, checkpoint_every=checkpoint_every,
                           timestep_sampling=timestep_sampling)
-        launch = LaunchSpec(num_gpus=num_gpus, gpu_ids=gpu_ids.strip().replace(" ", ""))
+        launch = LaunchSpec(num_gpus=num_gpus, gpu_ids=gpu_ids.strip().replace(" ", ""),
+                            backend=launcher.resolve_backend(backend))
         cuda = compat.cuda_available()
         if cuda:
             import torch
@@ -115,12 +121,13 @@ class PipeTrainTrainPipeline:
         train.validate()
         launch.validate()
 
-        output = compat.output_directory()
-        run_dir = new_run_dir(output, run_name) if resume == RESUME_OFF else resume_run_dir(output, resume)
-        cfg = RunConfig(run_name=run_dir.name, run_dir=str(run_dir), comfyui_root=compat.comfyui_root(),
+        cfg = RunConfig(run_name=run_name.strip(), run_dir="", comfyui_root=compat.comfyui_root(),
                         model_path=model_path, cache_dir=cache.cache_dir, lora=lora, memory=memory, train=train,
                         launch=launch, resume=resume != RESUME_OFF)
-        cfg = RunConfig.from_dict(cfg.to_dict())  # the same validation the engine runs at start
+        RunConfig.from_dict(cfg.to_dict())  # the engine's own validation, before any folder is made
+        output = compat.output_directory()
+        run_dir = new_run_dir(output, cfg.run_name) if resume == RESUME_OFF else resume_run_dir(output, resume)
+        cfg = dataclasses.replace(cfg, run_name=run_dir.name, run_dir=str(run_dir))
         config_path = run_dir / "run.json"
         cfg.save(config_path)
 
@@ -194,8 +201,6 @@ def _cancel(proc, run_dir: str) -> None:
 
 
 def _newest_lora(run_dir: str) -> str:
-    from pathlib import Path
-
     files = sorted((Path(run_dir) / "lora").glob("*.safetensors"), key=lambda p: p.stat().st_mtime)
     return str(files[-1]) if files else ""
 

@@ -6,8 +6,10 @@ import subprocess
 import time
 from pathlib import Path
 
+import torch
+
 from PipeTrain.engine import launcher
-from PipeTrain.engine.config import LaunchSpec, LoraSpec, RunConfig, TrainSpec
+from PipeTrain.engine.config import LaunchSpec, LoraSpec, MemorySpec, RunConfig, TrainSpec
 from PipeTrain.engine.events import EventTail
 
 
@@ -31,11 +33,13 @@ def build_cache(comfy_root: str, demo_base: dict) -> str:
 
 
 def make_config(run_dir: Path, comfy_root: str, demo_base: dict, cache_dir: str, processes: int = 1,
-                resume: bool = False, lora: LoraSpec | None = None, **train) -> RunConfig:
+                resume: bool = False, lora: LoraSpec | None = None, memory: MemorySpec | None = None,
+                **train) -> RunConfig:
     defaults = dict(steps=12, learning_rate=1e-3, batch_size=2, grad_accum=1, seed=0)
     model = Path(demo_base["base_dir"]) / "models" / "diffusion_models" / demo_base["unet"]
     cfg = RunConfig(run_name=run_dir.name, run_dir=str(run_dir), comfyui_root=comfy_root, model_path=str(model),
                     cache_dir=cache_dir, lora=lora or LoraSpec(rank=4, targets="attention_mlp"),
+                    memory=memory or MemorySpec(),
                     train=TrainSpec(**{**defaults, **train}), launch=LaunchSpec(num_gpus=processes), resume=resume)
     run_dir.mkdir(parents=True, exist_ok=True)
     cfg.save(run_dir / "run.json")
@@ -55,7 +59,7 @@ class EngineRun:
         cfg.save(Path(cfg.run_dir) / "run.json")
         self.tail = EventTail(cfg.run_dir, start_at_end=True)
         self.events: list[dict] = []
-        self.proc = launcher.spawn(cfg, str(Path(cfg.run_dir) / "run.json"), cuda=False)
+        self.proc = launcher.spawn(cfg, str(Path(cfg.run_dir) / "run.json"), cuda=torch.cuda.is_available())
 
     def poll_events(self) -> list[dict]:
         new = self.tail.read_new()

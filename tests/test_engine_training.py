@@ -12,6 +12,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from PipeTrain.engine.config import MemorySpec
 from engine_runs import EngineRun, build_cache, make_config, run_to_end, with_train
 
 pytestmark = pytest.mark.slow
@@ -46,8 +47,9 @@ def test_loss_falls_and_lora_is_written(config):
 
 def test_two_processes_equal_one_process_with_grad_accum(config):
     """2 ranks x gas 1 see the same samples and noise as 1 rank x gas 2: same losses, same LoRA."""
-    one = run_to_end(config("one", processes=1, steps=6, grad_accum=2))
-    two = run_to_end(config("two", processes=2, steps=6, grad_accum=1))
+    fp32 = MemorySpec(base_dtype="float32")  # on a GPU 'auto' is half precision: compare like with like
+    one = run_to_end(config("one", processes=1, steps=6, grad_accum=2, memory=fp32))
+    two = run_to_end(config("two", processes=2, steps=6, grad_accum=1, memory=fp32))
     assert two.of("started")[0]["world_size"] == 2
     assert one.losses() == pytest.approx(two.losses(), rel=1e-4, abs=1e-6)
     a, b = _lora(one), _lora(two)
