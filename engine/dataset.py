@@ -1,37 +1,42 @@
-"""Image datasets: the spec the LoadDataset node outputs, the folder scan, and image loading.
+"""Image datasets: the spec the LoadDataset node outputs, the folder scan and its report.
 
 Pure Python + Pillow (no torch, no comfy), so the ComfyUI node validates a dataset without
-touching the GPU and the engine can read the same spec in its own process.
+touching the GPU and the engine can read the same spec in its own process. Reading one image
+(probing, decoding, the alpha/crop/upscale policies) is engine/image_io.py.
 
 Folder line syntax (the LoadDataset node's `folders` box, parsed by `parse_folder_lines`):
     one folder per line, optionally followed by `| repeats=N`:
         cats
         /data/dogs | repeats=3
         # a comment; blank lines are ignored too
-    Relative folders are resolved against a base folder (ComfyUI's input folder). Surrounding
-    quotes are removed, because "Copy as path" on Windows adds them.
+    Relative folders are resolved against a base folder (ComfyUI's input folder); `..` may leave
+    it (absolute paths are allowed anyway). Surrounding quotes are removed, because "Copy as path"
+    on Windows adds them; quotes also keep spaces at the ends of a name. On Linux/macOS a path
+    with backslashes that does not exist is retried with '/'.
 
-Alpha: transparent images are composited over WHITE. Cut-outs, logos and illustrations are
-usually drawn to be seen on a light page; dropping alpha instead keeps whatever colour the
-hidden pixels happen to have (often black fringes or garbage), which the model would learn.
+The scan never raises for a bad file: every skipped or altered file goes into grouped warnings
+naming the files and the fix; `validate` raises DatasetError only when nothing trainable is
+left. Captions: `<image stem><caption_ext>` (ignoring case if the exact name is missing); a.png
+and a.jpg share a.txt, and the scan says so. Hidden files (names starting with '.') are skipped.
 """
 from __future__ import annotations
 
 import dataclasses
 import hashlib
 import os
+import re
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-from PIL import Image, ImageOps
+from PIL import Image
+
+from .image_io import (IMAGE_EXTENSIONS, PREPROCESS_VERSION, UNSUPPORTED_IMAGE_FORMATS, VIDEO_EXTENSIONS,  # noqa: F401
+                       FolderListing, ImageReadError, caption_name, list_folder, load_image,
+                       probe_image, read_caption)
 
 DATASET_SPEC_VERSION = 1
-# Bump whenever load_image's output for the same file changes (resize filter, alpha policy...):
-# it is part of the cache fingerprint, so old latents are not silently reused.
-PREPROCESS_VERSION = 1
-IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".jfif", ".webp", ".bmp", ".tif", ".tiff", ".gif")
 MIN_RESOLUTION, MAX_RESOLUTION, RESOLUTION_STEP = 64, 4096, 64
 EXAMPLES_SHOWN = 5  # how many file names an error or warning lists before "... and N more"
 
@@ -94,13 +99,15 @@ class DatasetSpec:
                 raise DatasetError(f"repeats for folder {f.path} is {f.repeats}: use a whole number of 1 or more.")
         if not self.caption_ext.startswith("."):
             raise DatasetError(f"caption_ext is {self.caption_ext!r}: use an extension starting with '.', like '.txt'.")
-        seen = set()
+        seen: dict[str, str] = {}
         for f in self.folders:
-            key = os.path.normcase(os.path.abspath(f.path))
+            # realpath: 'cats', 'cats/', './x/../cats' and a link to cats are all the same folder
+            key = os.path.normcase(os.path.realpath(f.path))
             if key in seen:
-                raise DatasetError(f"folder {f.path} is listed twice: list it once and use '| repeats=N' "
+                same = "" if seen[key] == f.path else f" (the same folder as {seen[key]})"
+                raise DatasetError(f"folder {f.path} is listed twice{same}: list it once and use '| repeats=N' "
                                    "to show it more often.")
-            seen.add(key)
+            seen[key] = f.path
 
 
 def _known_fields(cls, data: Any, where: str) -> dict[str, Any]:
@@ -112,6 +119,16 @@ def _known_fields(cls, data: Any, where: str) -> dict[str, Any]:
         raise DatasetError(f"unknown setting(s) in {where}: {', '.join(unknown)}. This cache/spec was written by a "
                            "newer PipeTrain, or the spelling is wrong.")
     return dict(data)
+
+
+_WINDOWS_PATH = re.compile(r"^([A-Za-z]:[\\/]|\\\\)")  # C:\data, C:/data, \\server\share
+
+
+def _unquote(text: str) -> str:
+    text = text.strip()
+    if len(text) >= 2 and text[0] == text[-1] and text[0] in "\"'":
+        return text[1:-1]  # quoted: keep the spaces inside
+    return text.strip("\"'").strip()
 
 
 def parse_folder_lines(text: str, base_dir: str | None, default_repeats: int = 1) -> tuple[FolderSpec, ...]:
@@ -135,12 +152,27 @@ def parse_folder_lines(text: str, base_dir: str | None, default_repeats: int = 1
                 raise DatasetError(f"folders line {lineno} ({line!r}): after '|' write 'repeats=N' with N a whole "
                                    "number of 1 or more, e.g. 'cats | repeats=3'.")
             repeats = int(value)
-            line = path_part.strip()
-        typed = line.strip().strip('"').strip("'")
-        expanded = os.path.expanduser(typed)
+            line = path_part
+        typed = _unquote(line)
+        if not typed:
+            raise DatasetError(f"folders line {lineno} ({raw.strip()!r}) names no folder: write the folder before "
+                               "'|', e.g. 'cats | repeats=3'.")
+        folders.append(FolderSpec(path=_resolve_folder(typed, base_dir, lineno), repeats=repeats))
+    if not folders:
+        raise DatasetError("no dataset folders given: enter at least one folder, one per line "
+                           "(relative to ComfyUI's input folder, or absolute).")
+    return tuple(folders)
+
+
+def _resolve_folder(typed: str, base_dir: str | None, lineno: int) -> str:
+    candidates = [typed]
+    if os.sep == "/" and "\\" in typed and not _WINDOWS_PATH.match(typed):
+        candidates.append(typed.replace("\\", "/"))  # a Windows-style relative path; '\' is legal in names here
+    where, path = "", ""
+    for candidate in candidates:
+        expanded = os.path.expanduser(candidate)
         if os.path.isabs(expanded):
-            path = expanded
-            where = ""
+            path, where = expanded, ""
         elif base_dir is None:
             raise DatasetError(f"folders line {lineno}: {typed!r} is a relative path but ComfyUI's input folder is "
                                "not known here: use an absolute path.")
@@ -148,15 +180,17 @@ def parse_folder_lines(text: str, base_dir: str | None, default_repeats: int = 1
             path = os.path.join(base_dir, expanded)
             where = f" (relative paths are looked up in ComfyUI's input folder {base_dir})"
         path = os.path.normpath(path)
-        if not os.path.isdir(path):
-            what = "is a file, not a folder" if os.path.exists(path) else "does not exist"
-            raise DatasetError(f"dataset folder {path} {what}{where}: fix line {lineno} of 'folders', "
-                               "or use an absolute path.")
-        folders.append(FolderSpec(path=path, repeats=repeats))
-    if not folders:
-        raise DatasetError("no dataset folders given: enter at least one folder, one per line "
-                           "(relative to ComfyUI's input folder, or absolute).")
-    return tuple(folders)
+        if os.path.isdir(path):
+            return path
+    path = os.path.normpath(os.path.join(base_dir or "", os.path.expanduser(typed)))
+    if os.sep == "/" and _WINDOWS_PATH.match(typed):
+        raise DatasetError(f"folders line {lineno}: {typed!r} looks like a Windows path, but this ComfyUI runs on "
+                           f"{sys.platform}: enter the folder as this machine sees it (e.g. /home/me/datasets/cats).")
+    if os.path.exists(path):
+        raise DatasetError(f"dataset folder {path} is a file, not a folder{where}: fix line {lineno} of 'folders' "
+                           f"to name the folder that holds the images (e.g. {os.path.dirname(path)}).")
+    raise DatasetError(f"dataset folder {path} does not exist{where}: fix line {lineno} of 'folders', "
+                       "or use an absolute path.")
 
 
 # ---- scanning ------------------------------------------------------------------------------
@@ -179,7 +213,7 @@ class MissingCaptions:
 @dataclass(frozen=True)
 class UnreadableFile:
     path: str
-    reason: str
+    reason: str  # a whole sentence: names the file, says what is wrong and what to do
 
 
 @dataclass(frozen=True)
@@ -188,106 +222,142 @@ class ScanResult:
     missing_captions: MissingCaptions
     unreadable: tuple[UnreadableFile, ...]
     warnings: tuple[str, ...]
+    videos: tuple[str, ...] = ()  # skipped: video training is not supported yet
 
 
-def _media_files(folder: str) -> list[str]:
-    """Image files of one folder (not recursive), hidden files excluded, in a stable order."""
-    names = [n for n in os.listdir(folder)
-             if not n.startswith(".") and n.lower().endswith(IMAGE_EXTENSIONS) and os.path.isfile(os.path.join(folder, n))]
-    # casefold first so the order is the same on case-(in)sensitive file systems; name breaks ties
-    return sorted(names, key=lambda n: (n.casefold(), n))
-
-
-def _caption_path(image_path: str, caption_ext: str) -> str:
-    return os.path.splitext(image_path)[0] + caption_ext
-
-
-def _check_folder_exists(folder: str) -> None:
-    if not os.path.isdir(folder):
-        raise DatasetError(f"dataset folder {folder} does not exist (or is not a folder): fix the path in LoadDataset's "
-                           "'folders' (relative paths are looked up in ComfyUI's input folder).")
+def _list_folder(folder: str) -> FolderListing:
+    try:
+        return list_folder(folder)
+    except FileNotFoundError:
+        raise DatasetError(f"dataset folder {folder} does not exist: fix the path in LoadDataset's 'folders' "
+                           "(relative paths are looked up in ComfyUI's input folder).") from None
+    except OSError as e:
+        raise DatasetError(f"cannot list dataset folder {folder} ({e.strerror}): make it readable for the user "
+                           "running ComfyUI, or fix the path in LoadDataset's 'folders'.") from None
 
 
 def files_signature(spec: DatasetSpec) -> str:
     """Hash of names, sizes and mtimes of images and captions; no file is opened (for IS_CHANGED)."""
     h = hashlib.sha256(repr((spec.resolution, spec.caption_ext)).encode())
     for folder in spec.folders:
-        h.update(f"\0{folder.path}\0{folder.repeats}".encode())
-        for name in _media_files(folder.path):
-            for p in (os.path.join(folder.path, name), _caption_path(os.path.join(folder.path, name), spec.caption_ext)):
+        h.update(f"\0{folder.path}\0{folder.repeats}".encode("utf-8", "surrogateescape"))
+        listing = _list_folder(folder.path)
+        for name in listing.images:
+            caption = caption_name(listing, name, spec.caption_ext) or "-"
+            for p in (os.path.join(folder.path, name), os.path.join(folder.path, caption)):
                 try:
                     st = os.stat(p)
-                    h.update(f"\0{p}\0{st.st_size}\0{st.st_mtime_ns}".encode())
+                    h.update(f"\0{p}\0{st.st_size}\0{st.st_mtime_ns}".encode("utf-8", "surrogateescape"))
                 except OSError:
-                    h.update(f"\0{p}\0-".encode())
+                    h.update(f"\0{p}\0-".encode("utf-8", "surrogateescape"))
     return h.hexdigest()
 
 
-def _verify_image(path: str) -> str | None:
-    """None if Pillow can decode the file's structure, else the reason.
-
-    verify() walks the whole file (PNG chunk CRCs, truncation), which is cheap next to the VAE
-    encode that follows; a file that fails here would otherwise crash the cache run halfway.
-    """
-    try:
-        with Image.open(path) as im:
-            im.verify()
-    except Exception as e:  # Pillow raises many types (OSError, SyntaxError, ValueError, DecompressionBomb...)
-        return f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
-    return None
-
-
-def _read_caption(path: str, warnings: list[str]) -> str | None:
-    try:
-        with open(path, encoding="utf-8-sig") as f:  # -sig: Notepad writes a BOM
-            return f.read().strip()
-    except FileNotFoundError:
-        return None
-    except (OSError, UnicodeDecodeError) as e:
-        warnings.append(f"caption {path} could not be read ({e}); the empty caption is used. Save it as UTF-8 text.")
-        return ""
+# Grouped warnings, in this order: (kind, template with {n} and {examples}).
+_WARNINGS = (
+    ("unreadable", "{n} image(s) cannot be read and are skipped: {examples}"),
+    ("videos", "{n} video file(s) are skipped: video training is not supported yet (it is planned). Extract frames "
+               "as PNG/JPEG to train on them now: {examples}"),
+    ("unsupported", "{n} file(s) are in a format PipeTrain cannot read and are skipped: {examples}"),
+    ("hidden", "{n} hidden file(s) (names starting with '.') are skipped; rename them without the leading dot to "
+               "train on them: {examples}"),
+    ("missing", "{n} image(s) have no caption file ({ext}); they train with the empty caption: {examples}"),
+    ("caption_unreadable", "{n} caption file(s) cannot be read; their images train with the empty caption: "
+                           "{examples}"),
+    ("empty_caption", "{n} caption file(s) are empty; their images train with the empty caption: {examples}"),
+    ("not_utf8", "{n} caption file(s) are not UTF-8 and were read as Windows-1252/Latin-1; check that accents look "
+                 "right, then save them as UTF-8: {examples}"),
+    ("utf16_no_bom", "{n} caption file(s) look like UTF-16 without a byte-order mark and were read as such; save "
+                     "them as UTF-8: {examples}"),
+    ("caption_case", "{n} caption file(s) match their image only when ignoring upper/lower case and are used: "
+                     "{examples}"),
+    ("shared_caption", "{n} caption file(s) are shared by images with the same name and different extensions; every "
+                       "one of those images trains with it (give each its own name and caption if they differ): "
+                       "{examples}"),
+    ("animated", "{n} animated image(s): only the first frame is trained (video training is not supported yet): "
+                 "{examples}"),
+    ("small", "{n} image(s) are smaller than the resolution ({res}) on their shorter side and are upscaled, which "
+              "looks blurry to the model; use larger images or a lower resolution: {examples}"),
+    ("aspect", "{n} image(s) are more than 3 times wider than tall (or taller than wide); only their center square "
+               "is trained, so crop them yourself to choose what is kept: {examples}"),
+    ("huge", "{n} image(s) are over Pillow's decompression-bomb warning limit ({limit} megapixels); they load, but "
+             "slowly and with a lot of memory: downscale them to speed up caching: {examples}"),
+)
 
 
 def scan_dataset(spec: DatasetSpec) -> ScanResult:
-    """List every image of the dataset in a stable order; broken files are collected, not raised."""
+    """List every image of the dataset in a stable order; bad files are collected, not raised."""
     items: list[DatasetItem] = []
+    report: dict[str, list[str]] = {kind: [] for kind, _ in _WARNINGS}
     unreadable: list[UnreadableFile] = []
-    missing: list[str] = []
-    warnings: list[str] = []
+    videos: list[str] = []
+    subfolder_warnings: list[str] = []
     for folder in spec.folders:
-        _check_folder_exists(folder.path)
-        for name in _media_files(folder.path):
-            path = os.path.join(folder.path, name)
-            reason = _verify_image(path)
-            if reason is not None:
-                unreadable.append(UnreadableFile(path, reason))
+        listing = _list_folder(folder.path)
+        join = lambda name: os.path.join(folder.path, name)  # noqa: E731
+        videos += [join(n) for n in listing.videos]
+        report["unsupported"] += [f"{join(n)} ({UNSUPPORTED_IMAGE_FORMATS[os.path.splitext(n)[1].lower()]})"
+                                  for n in listing.unsupported]
+        report["hidden"] += [join(n) for n in listing.hidden]
+        users: dict[str, list[str]] = {}  # caption name -> image names using it
+        for name in listing.images:
+            path = join(name)
+            try:
+                info = probe_image(path)
+                st = os.stat(path)
+            except ImageReadError as e:
+                unreadable.append(UnreadableFile(path, str(e)))
                 continue
-            caption = _read_caption(_caption_path(path, spec.caption_ext), warnings)
-            if caption is None:
-                missing.append(path)
-            st = os.stat(path)
+            except OSError as e:  # vanished or became unreadable between the probe and stat
+                unreadable.append(UnreadableFile(path, f"{path} cannot be read ({e.strerror}): check the file"))
+                continue
+            _note_image(report, path, info, spec.resolution)
+            cap_name = caption_name(listing, name, spec.caption_ext)
+            caption = None
+            if cap_name is not None:
+                users.setdefault(cap_name, []).append(name)
+                if cap_name != os.path.splitext(name)[0] + spec.caption_ext:
+                    report["caption_case"].append(f"{path} -> {cap_name}")
+                caption, kind, example = read_caption(join(cap_name))
+                if kind:
+                    report[kind].append(example)
+                if not caption and kind != "caption_unreadable":
+                    report["empty_caption"].append(join(cap_name))
+            else:
+                report["missing"].append(path)
             items.append(DatasetItem(path, caption, folder.repeats, st.st_size, st.st_mtime_ns))
-        warnings.extend(_subfolder_warnings(folder.path))
-    if missing:
-        warnings.append(f"{len(missing)} image(s) have no caption file ({spec.caption_ext}); the empty caption is used "
-                        f"for them: {_examples(missing)}")
-    if unreadable:
-        warnings.append(f"{len(unreadable)} image(s) cannot be read and are skipped: "
-                        + _examples([f"{u.path} ({u.reason})" for u in unreadable]))
+        report["shared_caption"] += [f"{join(c)} <- {', '.join(names)}" for c, names in users.items() if len(names) > 1]
+        subfolder_warnings += _subfolder_warnings(folder.path, listing)
+    report["unreadable"] = [u.reason for u in unreadable]
+    report["videos"] = videos
+    fill = {"ext": spec.caption_ext, "res": spec.resolution, "limit": (Image.MAX_IMAGE_PIXELS or 0) // 1_000_000}
+    warnings = [template.format(n=len(report[kind]), examples=_examples(report[kind]), **fill)
+                for kind, template in _WARNINGS if report[kind]]
+    missing = report["missing"]
     return ScanResult(tuple(items), MissingCaptions(len(missing), tuple(missing[:EXAMPLES_SHOWN])),
-                      tuple(unreadable), tuple(warnings))
+                      tuple(unreadable), tuple(warnings + subfolder_warnings), tuple(videos))
 
 
-def _subfolder_warnings(folder: str) -> list[str]:
+def _note_image(report: dict[str, list[str]], path: str, info, resolution: int) -> None:
+    w, h = info.width, info.height
+    if info.animated:
+        report["animated"].append(path)
+    if min(w, h) < resolution:
+        report["small"].append(f"{path} ({w}x{h})")
+    if max(w, h) > 3 * min(w, h):
+        report["aspect"].append(f"{path} ({w}x{h}, {100 * min(w, h) / max(w, h):.1f}% of the picture kept)")
+    if info.huge:
+        report["huge"].append(f"{path} ({w}x{h})")
+
+
+def _subfolder_warnings(folder: str, listing: FolderListing) -> list[str]:
     """Subfolders are not scanned; say so when one holds images, so nothing is dropped silently."""
     out = []
-    for name in sorted(os.listdir(folder)):
+    for name in listing.subfolders:
         sub = os.path.join(folder, name)
-        if name.startswith(".") or not os.path.isdir(sub):
-            continue
         try:
-            has_media = bool(_media_files(sub))
-        except OSError:
+            has_media = bool(_list_folder(sub).images)
+        except DatasetError:
             continue
         if has_media:
             out.append(f"subfolder {sub} holds images but subfolders are not scanned: add it as its own line "
@@ -296,80 +366,40 @@ def _subfolder_warnings(folder: str) -> list[str]:
 
 
 def _examples(names: list[str]) -> str:
-    shown = ", ".join(names[:EXAMPLES_SHOWN])
+    shown = "; ".join(names[:EXAMPLES_SHOWN])
     more = len(names) - EXAMPLES_SHOWN
     return shown + (f" ... and {more} more" if more > 0 else "")
+
+
+def _no_images_message(folder: str, listing: FolderListing) -> str:
+    join = lambda names: _examples([os.path.join(folder, n) for n in names])  # noqa: E731
+    if listing.videos:
+        return (f"dataset folder {folder} holds only videos ({len(listing.videos)}: {join(listing.videos)}): video "
+                "training is not supported yet (it is planned). Add images to the folder, or extract frames from the "
+                "videos as PNG/JPEG.")
+    if listing.unsupported:
+        found = _examples([f"{os.path.join(folder, n)} ({UNSUPPORTED_IMAGE_FORMATS[os.path.splitext(n)[1].lower()]})"
+                           for n in listing.unsupported])
+        return f"dataset folder {folder} has no images PipeTrain can read: {found}."
+    if listing.hidden:
+        return (f"dataset folder {folder} has only hidden images (names starting with '.', which are skipped): "
+                f"{join(listing.hidden)}. Rename them without the leading dot.")
+    return (f"dataset folder {folder} has no images: add files with one of the extensions "
+            f"{', '.join(IMAGE_EXTENSIONS)}, or remove the folder from 'folders'.")
 
 
 def validate(spec: DatasetSpec) -> ScanResult:
     """Check the spec and scan it; raise DatasetError for anything that makes training impossible."""
     spec.check()
     for folder in spec.folders:
-        _check_folder_exists(folder.path)
-        if not _media_files(folder.path):
-            raise DatasetError(f"dataset folder {folder.path} has no images: add files with one of the extensions "
-                               f"{', '.join(IMAGE_EXTENSIONS)}, or remove the folder from 'folders'.")
+        listing = _list_folder(folder.path)
+        if not listing.images:
+            raise DatasetError(_no_images_message(folder.path, listing))
     result = scan_dataset(spec)
     if not result.items:
-        raise DatasetError("none of the dataset's images can be read: "
-                           + _examples([f"{u.path} ({u.reason})" for u in result.unreadable])
-                           + ". Re-export them as PNG or JPEG.")
+        raise DatasetError(f"none of the dataset's {len(result.unreadable)} image file(s) can be read, so there is "
+                           "nothing to train on: " + _examples([u.reason for u in result.unreadable]) + ".")
     return result
-
-
-# ---- loading one image for the VAE ---------------------------------------------------------
-
-def load_image(path: str, resolution: int) -> np.ndarray:
-    """Decode, orient, convert to RGB, resize shorter side to `resolution`, center crop square.
-
-    Returns float32 [resolution, resolution, 3] in 0..1 (ComfyUI's IMAGE layout without batch).
-    """
-    with Image.open(path) as im:
-        im.seek(0)  # animated GIF/WebP: the first frame
-        if im.format == "JPEG":
-            # decode at a reduced scale (still >= resolution on both sides): big photos load fast
-            im.draft("RGB", (resolution, resolution))
-        im = ImageOps.exif_transpose(im)  # phone photos store rotation in EXIF, not in pixels
-        if im.mode in _HIGH_BIT_MODES:
-            # float planes keep 16-bit precision through the resize instead of rounding to 8 bits
-            plane = _resize_crop(_high_bit_to_float(im), resolution)
-            arr = np.repeat(np.asarray(plane, dtype=np.float32)[..., None], 3, axis=-1)
-        else:
-            arr = np.asarray(_resize_crop(_to_rgb8(im), resolution), dtype=np.float32) / 255.0
-    # LANCZOS overshoots a little around hard edges; the VAE expects 0..1
-    return np.clip(arr, 0.0, 1.0)
-
-
-_HIGH_BIT_MODES = ("I;16", "I;16L", "I;16B", "I;16N", "I", "F")  # all single-channel in Pillow
-
-
-def _high_bit_to_float(im: Image.Image) -> Image.Image:
-    """16-bit / 32-bit grayscale as an 'F' image in 0..1. 'I' from a 16-bit PNG holds 0..65535."""
-    if im.mode == "F":
-        return Image.fromarray(np.clip(np.asarray(im, dtype=np.float32), 0.0, 1.0), mode="F")
-    arr = np.clip(np.asarray(im, dtype=np.float64) / 65535.0, 0.0, 1.0).astype(np.float32)
-    return Image.fromarray(arr, mode="F")
-
-
-def _to_rgb8(im: Image.Image) -> Image.Image:
-    """8-bit RGB from any other mode; transparency is composited over white (see module doc)."""
-    if im.mode == "P" and "transparency" not in im.info:
-        return im.convert("RGB")
-    if im.mode in ("RGBA", "LA", "PA", "P", "RGBa", "La") or "transparency" in im.info:
-        rgba = im.convert("RGBA")
-        white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
-        return Image.alpha_composite(white, rgba).convert("RGB")
-    return im if im.mode == "RGB" else im.convert("RGB")  # L, 1, CMYK, YCbCr, LAB, HSV
-
-
-def _resize_crop(im: Image.Image, resolution: int) -> Image.Image:
-    w, h = im.size
-    scale = resolution / min(w, h)
-    nw, nh = max(resolution, round(w * scale)), max(resolution, round(h * scale))
-    if (nw, nh) != (w, h):
-        im = im.resize((nw, nh), Image.Resampling.LANCZOS)
-    left, top = (nw - resolution) // 2, (nh - resolution) // 2
-    return im.crop((left, top, left + resolution, top + resolution))
 
 
 def relative_source(spec: DatasetSpec, path: str) -> str:

@@ -7,11 +7,14 @@ so re-running is free, a cancelled run resumes, and a different VAE/CLIP gets it
 from __future__ import annotations
 
 import logging
+import os
 import time
 
-from ..engine.cache_format import (CacheError, CacheSpec, cache_dir_for, fingerprint, item_done, item_path,
-                                   item_summary, load_cond, remove_cache, write_item, write_manifest)
-from ..engine.dataset import DatasetSpec, load_image, relative_source, validate
+from ..engine.cache_format import (CACHE_FOLDER, CacheError, CacheSpec, cache_dir_for, fingerprint, item_done,
+                                   item_path, item_summary, load_cond, remove_cache, write_item, write_manifest)
+from ..engine.dataset import DatasetSpec, relative_source, validate
+from ..engine.image_io import ImageReadError, describe_error, load_image
+from . import compat
 from .encoder_identity import encoder_identity
 from .types import CACHE, DATASET
 
@@ -20,6 +23,27 @@ log = logging.getLogger("PipeTrain")
 # Keys of the CLIP output dict that are not data: "hooks" carries ComfyUI's hook objects for
 # scheduled conditioning at sampling time, which has no meaning for a cached training caption.
 _NOT_DATA_KEYS = ("hooks",)
+FAILURES_SHOWN = 5
+
+
+def _text(value: str) -> str:
+    """A string safetensors can store: file names that are not valid UTF-8 (Linux allows any bytes)
+    arrive from os.listdir with surrogate escapes, which UTF-8 cannot encode."""
+    return value.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+
+
+def _writable_cache_root(dataset: DatasetSpec) -> None:
+    root = os.path.join(dataset.folders[0].path, CACHE_FOLDER)
+    if os.path.lexists(root) and not os.path.isdir(root):
+        raise CacheError(f"{root} exists but is not a folder: PipeTrain keeps its latent cache there. Delete or "
+                         "rename that file, then run again.")
+
+
+def _write_error(dataset: DatasetSpec, e: OSError) -> CacheError:
+    root = os.path.join(dataset.folders[0].path, CACHE_FOLDER)
+    return CacheError(f"cannot write the latent cache under {root} ({e.strerror or e}): the cache lives in the first "
+                      "dataset folder, so make that folder writable (and check the disk is not full), or list a "
+                      "writable folder first in LoadDataset's 'folders'.")
 
 
 class PipeTrainCacheLatents:
@@ -47,8 +71,6 @@ class PipeTrainCacheLatents:
 
     def cache(self, dataset: DatasetSpec, vae, clip, regenerate: bool):
         import torch
-        import comfy.model_management
-        import comfy.utils
 
         scan = validate(dataset)
         for warning in scan.warnings:
@@ -56,12 +78,13 @@ class PipeTrainCacheLatents:
         identity = encoder_identity(vae, clip)
         fp = fingerprint(dataset, scan.items, identity)
         cache_dir = cache_dir_for(dataset, fp)
+        _writable_cache_root(dataset)
         if regenerate and cache_dir.exists():
             log.info("PipeTrain CacheLatents: regenerate is on, deleting %s", cache_dir)
             remove_cache(cache_dir)
 
         total = len(scan.items)
-        pbar = comfy.utils.ProgressBar(total)
+        pbar = compat.progress_bar(total)
         # identical captions are encoded once per run; later ones copy the first item's stored
         # conditioning from disk rather than keeping every caption's tensors in memory
         caption_item: dict[str, int] = {}
@@ -71,7 +94,7 @@ class PipeTrainCacheLatents:
         start = time.monotonic()
         for index, item in enumerate(scan.items):
             # Cancel in the UI lands here; finished items are already on disk, so the next run resumes.
-            comfy.model_management.throw_exception_if_processing_interrupted()
+            compat.raise_if_interrupted()
             if item_done(cache_dir, index):
                 reused += 1
                 pbar.update(1)
@@ -79,8 +102,12 @@ class PipeTrainCacheLatents:
             caption = item.caption or ""
             try:
                 pixels = torch.from_numpy(load_image(item.path, dataset.resolution)).unsqueeze(0)
-            except Exception as e:  # passed the scan but fails to decode fully (e.g. truncated JPEG data)
-                failed.append(f"{item.path} ({type(e).__name__}: {e})")
+            except ImageReadError as e:  # passed the scan but fails to decode fully (e.g. damaged pixel data)
+                failed.append(str(e))
+                pbar.update(1)
+                continue
+            except Exception as e:  # noqa: BLE001 - anything else Pillow/numpy raise for one file
+                failed.append(describe_error(item.path, e))
                 pbar.update(1)
                 continue
             with torch.inference_mode():  # no autograd graph: encoders are frozen here
@@ -90,27 +117,35 @@ class PipeTrainCacheLatents:
                 else:
                     cond, extras = clip.encode_from_tokens_scheduled(clip.tokenize(caption))[0]
                     extras = {k: v for k, v in extras.items() if k not in _NOT_DATA_KEYS}
-            skipped_keys.update(write_item(cache_dir, index, latent, cond, extras,
-                                           relative_source(dataset, item.path), caption, item.repeats))
+            try:
+                skipped_keys.update(write_item(cache_dir, index, latent, cond, extras,
+                                               _text(relative_source(dataset, item.path)), caption, item.repeats))
+            except OSError as e:
+                raise _write_error(dataset, e) from e
             caption_item.setdefault(caption, index)
             encoded += 1
             pbar.update(1)
 
+        failures = "; ".join(failed[:FAILURES_SHOWN]) + (
+            f" ... and {len(failed) - FAILURES_SHOWN} more" if len(failed) > FAILURES_SHOWN else "")
         if failed:
-            log.warning("PipeTrain CacheLatents: %d image(s) could not be decoded and are left out: %s",
-                        len(failed), "; ".join(failed[:5]))
+            log.warning("PipeTrain CacheLatents: %d image(s) could not be decoded and are left out of the cache "
+                        "(the rest trains; fix them and run again to add them): %s", len(failed), failures)
         if skipped_keys:
             log.warning("PipeTrain CacheLatents: conditioning value(s) %s are neither tensors nor JSON and were not "
                         "cached; models that need them will not train correctly.", ", ".join(sorted(skipped_keys)))
         done = [i for i in range(total) if item_done(cache_dir, i)]
         if not done:
-            raise CacheError(f"no image of the dataset could be encoded (first failure: {failed[0] if failed else '?'}): "
-                             "re-export the images as PNG or JPEG.")
+            raise CacheError(f"none of the dataset's {total} image(s) could be decoded, so there is nothing to train "
+                             f"on: {failures or '?'}.")
         latent_shape, cond_keys = item_summary(cache_dir, done[0])
         items = [{"file": item_path(cache_dir, i).relative_to(cache_dir).as_posix(),
-                  "source": relative_source(dataset, scan.items[i].path), "repeats": scan.items[i].repeats}
+                  "source": _text(relative_source(dataset, scan.items[i].path)), "repeats": scan.items[i].repeats}
                  for i in done]
-        write_manifest(cache_dir, fp, dataset, items, latent_shape, cond_keys, identity)
+        try:
+            write_manifest(cache_dir, fp, dataset, items, latent_shape, cond_keys, identity)
+        except OSError as e:
+            raise _write_error(dataset, e) from e
         log.info("PipeTrain CacheLatents: %d item(s) reused, %d encoded (%d distinct caption(s)) in %.1fs -> %s",
                  reused, encoded, len(caption_item), time.monotonic() - start, cache_dir)
         return (CacheSpec(str(cache_dir), fp, len(items), tuple(latent_shape)),)

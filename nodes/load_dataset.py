@@ -8,26 +8,27 @@ from __future__ import annotations
 import logging
 
 from ..engine.dataset import DatasetError, DatasetSpec, parse_folder_lines, files_signature, validate
+from . import compat
 from .types import DATASET
 
 log = logging.getLogger("PipeTrain")
 
 _FOLDERS_TOOLTIP = (
-    "Image folders, one per line. Relative paths are looked up in ComfyUI's input folder; absolute paths "
-    "work too. Add ' | repeats=N' after a folder to show its images N times per epoch (e.g. 'cats | repeats=3'); "
-    "lines without it use the 'repeats' input. Each image's caption is the .txt file with the same name "
-    "(a.png -> a.txt); images without one train with an empty caption. Subfolders are not scanned. "
-    "Lines starting with # are ignored."
+    "Image folders, one per line. Relative paths are looked up in ComfyUI's input folder ('..' may leave it); "
+    "absolute paths work too, quoted or not. Add ' | repeats=N' after a folder to show its images N times per "
+    "epoch (e.g. 'cats | repeats=3'); lines without it use the 'repeats' input. Each image's caption is the .txt "
+    "file with the same name (a.png -> a.txt; a.png and a.jpg would share it); images without one train with an "
+    "empty caption. Reads PNG, JPEG, WebP, BMP, TIFF, GIF (animated: first frame), AVIF. Videos, hidden files "
+    "(.name) and subfolders are skipped, with a warning in the console. Lines starting with # are ignored."
 )
 
 
 def _input_dir() -> str | None:
     """ComfyUI's input folder, or None outside ComfyUI (then only absolute folders work)."""
     try:
-        import folder_paths  # ComfyUI's top-level module; absent when the pack is imported elsewhere
-    except ImportError:
+        return compat.input_directory()
+    except ImportError:  # folder_paths is ComfyUI's; absent when the pack is imported elsewhere
         return None
-    return folder_paths.get_input_directory()
 
 
 def build_spec(folders: str, resolution: int, repeats: int) -> DatasetSpec:
@@ -45,7 +46,8 @@ class PipeTrainLoadDataset:
     OUTPUT_TOOLTIPS = ("The dataset description (folders, captions, resolution); connect it to CacheLatents.",)
     FUNCTION = "load"
     DESCRIPTION = ("Describe a training dataset: folders of images with same-named .txt captions. "
-                   "Checks every image can be read and reports missing captions.")
+                   "Checks every image can be read; unreadable files, videos, missing captions and images that "
+                   "will be upscaled or heavily cropped are listed by name in the console.")
 
     @classmethod
     def INPUT_TYPES(cls):
@@ -78,6 +80,7 @@ class PipeTrainLoadDataset:
             log.warning("PipeTrain LoadDataset: %s", warning)
         images = len(result.items)
         seen = sum(item.repeats for item in result.items)
-        log.info("PipeTrain LoadDataset: %d image(s) in %d folder(s), %d per epoch with repeats, %d without caption.",
-                 images, len(spec.folders), seen, result.missing_captions.count)
+        log.info("PipeTrain LoadDataset: %d image(s) in %d folder(s), %d per epoch with repeats, %d without caption, "
+                 "%d unreadable and %d video(s) skipped.", images, len(spec.folders), seen,
+                 result.missing_captions.count, len(result.unreadable), len(result.videos))
         return (spec,)

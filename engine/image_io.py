@@ -1,0 +1,363 @@
+"""Dataset files on disk: a folder's entries by kind (`list_folder`), one image (`probe_image` reads
+headers only, `load_image` the pixels for the VAE) and a caption's text (`read_caption`).
+
+Pure Pillow + numpy. Every failure becomes an ImageReadError whose message names the file, says
+what is wrong with it in plain words and what to do, because the user meets these messages in
+ComfyUI's console or error box, far from any traceback.
+
+Policies (the dataset scan reports every image they touch, so nothing happens silently):
+- Alpha is composited over WHITE. Cut-outs and logos are drawn to be seen on a light page;
+  dropping alpha instead keeps whatever colour the hidden pixels have (often black fringes).
+- Animated GIF/WebP/PNG: the first frame is trained, like a still image.
+- EXIF orientation is applied (phone photos store rotation in EXIF, not in pixels).
+- Non-square: the centered square is cut out, then resized to resolution x resolution. Cropping
+  first (as a resize box) keeps a 4000x16 strip from becoming a 128000x512 intermediate.
+- Smaller than the resolution: upscaled with LANCZOS (blurry, but kept: dropping it would
+  silently shrink the dataset).
+- 16-bit gray keeps its precision through the resize. Integer values are read as 0..65535 and
+  float ('F') values as 0..1, unless the image's maximum is higher: then it is divided by its
+  maximum. Negative values become 0.
+- Pillow's decompression-bomb limit stays on: an image over 2x Image.MAX_IMAGE_PIXELS is refused
+  with its size and the fix (downscale it); one over 1x loads, and the scan warns.
+"""
+from __future__ import annotations
+
+import codecs
+import os
+import re
+import stat
+import warnings
+from dataclasses import dataclass, field
+
+import numpy as np
+from PIL import Image, ImageOps, UnidentifiedImageError, features
+
+# Bump whenever load_image's output for the same file changes (resize filter, alpha policy...):
+# it is part of the cache fingerprint, so old latents are not silently reused.
+# 2: the center square is cut before resizing (resize box), not after.
+PREPROCESS_VERSION = 2
+_AVIF = bool(features.check("avif"))
+IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".jfif", ".webp", ".bmp", ".tif", ".tiff", ".gif") + \
+    ((".avif",) if _AVIF else ())
+# Listed so they are counted and reported; video training comes later (issue 3).
+VIDEO_EXTENSIONS = (".mp4", ".webm", ".mov", ".mkv", ".avi", ".m4v", ".wmv", ".flv", ".mpg", ".mpeg", ".3gp")
+# Image formats Pillow cannot read here, with what to do about each.
+_CONVERT = "convert it to PNG or JPEG"
+UNSUPPORTED_IMAGE_FORMATS = {
+    ".svg": "SVG is a vector format: export it as PNG at the training size or larger",
+    ".heic": f"HEIC (iPhone photos) needs a plugin this Pillow does not have: {_CONVERT} (iPhone: "
+             "Settings > Camera > Formats > Most Compatible)",
+    ".heif": f"HEIF needs a plugin this Pillow does not have: {_CONVERT}",
+    ".jxl": f"JPEG XL is not supported by this Pillow: {_CONVERT}",
+    ".psd": "Photoshop files are not read: export a flattened PNG",
+    ".exr": "OpenEXR (HDR) is not read: tone-map it and save as PNG",
+    ".hdr": "Radiance HDR is not read: tone-map it and save as PNG",
+    ".dng": f"camera RAW files are not read: develop and {_CONVERT}",
+    ".cr2": f"camera RAW files are not read: develop and {_CONVERT}",
+    ".nef": f"camera RAW files are not read: develop and {_CONVERT}",
+    ".arw": f"camera RAW files are not read: develop and {_CONVERT}",
+    **({} if _AVIF else {".avif": f"this Pillow was built without AVIF support: {_CONVERT} or update Pillow"}),
+}
+_HIGH_BIT_MODES = ("I;16", "I;16L", "I;16B", "I;16N", "I", "F")  # all single-channel in Pillow
+_ROTATED_ORIENTATIONS = (5, 6, 7, 8)  # EXIF orientations that swap width and height
+_JPEG_TAIL = 64 * 1024  # a whole JPEG ends with FFD9 (end of image); metadata trailers may follow
+
+
+class ImageReadError(ValueError):
+    """An image file that cannot be used; the message names it and says what to do."""
+
+
+@dataclass(frozen=True)
+class ImageInfo:
+    width: int  # as displayed: EXIF rotation applied
+    height: int
+    mode: str
+    format: str
+    animated: bool
+    huge: bool  # over Pillow's decompression-bomb warning limit: loads, but slowly and with much memory
+
+
+def _megapixels(pixels: float) -> str:
+    return f"{pixels / 1e6:.0f} megapixels"
+
+
+def _sniff(path: str) -> str | None:
+    """What a file that Pillow does not recognise really is, from its first bytes."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(64)
+    except OSError:
+        return None
+    low = head.lower().lstrip()
+    if head[4:8] == b"ftyp":
+        brand = head[8:12]
+        if brand in (b"heic", b"heix", b"mif1", b"msf1", b"hevc"):
+            return "a HEIC/HEIF photo"
+        if brand in (b"avif", b"avis"):
+            return "an AVIF image"
+        return "a video (MP4/MOV); video training is not supported yet"
+    if head.startswith(b"\x1a\x45\xdf\xa3"):
+        return "a video (WebM/MKV); video training is not supported yet"
+    if head.startswith(b"RIFF") and head[8:12] == b"AVI ":
+        return "a video (AVI); video training is not supported yet"
+    if low.startswith((b"<!doctype html", b"<html")):
+        return "a web page (HTML), probably a failed download"
+    if low.startswith(b"<svg") or (low.startswith(b"<?xml") and b"<svg" in low):
+        return "an SVG drawing"
+    if head.startswith(b"%PDF"):
+        return "a PDF document"
+    return None
+
+
+def describe_error(path: str, exc: BaseException) -> str:
+    """Turn whatever Pillow or the OS raised for `path` into a message that says what to do."""
+    ext = os.path.splitext(path)[1].lower() or "(no extension)"
+    if isinstance(exc, Image.DecompressionBombError):
+        m = re.search(r"\((\d+) pixels\)", str(exc))
+        size = _megapixels(int(m.group(1))) if m else "too many pixels"
+        limit = _megapixels(2 * (Image.MAX_IMAGE_PIXELS or 0))
+        return (f"{path} is {size}, over Pillow's decompression-bomb safety limit of {limit}: downscale it "
+                "(training only uses the resolution you set) or remove it")
+    if isinstance(exc, PermissionError):
+        return f"{path} cannot be opened (permission denied): make it readable for the user running ComfyUI"
+    if isinstance(exc, UnidentifiedImageError):
+        what = _sniff(path)
+        if what:
+            return f"{path} is really {what}, not a {ext} image: replace it with a PNG or JPEG, or remove it"
+        return (f"{path} is not an image Pillow can read (the content does not match the {ext} name, or the format "
+                "is unknown): re-export it as PNG or JPEG, or remove it")
+    text = str(exc)
+    if "truncated" in text.lower() or isinstance(exc, EOFError):
+        return (f"{path} is cut off (truncated: {text or type(exc).__name__}): copy it again from the original "
+                "or re-export it")
+    if isinstance(exc, MemoryError):
+        return f"{path} is too large to decode in the memory available: downscale it"
+    if isinstance(exc, OSError) and exc.errno is not None:
+        return f"{path} cannot be read ({exc.strerror or text}): check the file and the disk"
+    reason = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+    return f"{path} is damaged or unsupported ({reason}): re-export it as PNG or JPEG, or remove it"
+
+
+def _check_file(path: str) -> None:
+    """Raise ImageReadError for names that are not regular, non-empty files."""
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        if os.path.islink(path):
+            raise ImageReadError(f"{path} is a broken link (its target {os.readlink(path)!r} cannot be opened: "
+                                 f"{e.strerror}): fix the link or delete it") from None
+        raise ImageReadError(describe_error(path, e)) from None
+    if stat.S_ISDIR(st.st_mode):
+        raise ImageReadError(f"{path} is a folder, not an image file (subfolders are not scanned): rename it so it "
+                             "does not end in an image extension, or list it as its own folder line")
+    if not stat.S_ISREG(st.st_mode):
+        raise ImageReadError(f"{path} is not a regular file (a pipe, socket or device): remove it from the folder")
+    if st.st_size == 0:
+        raise ImageReadError(f"{path} is empty (0 bytes): copy it again from the original, or delete it")
+
+
+def _jpeg_complete(path: str) -> bool:
+    with open(path, "rb") as f:
+        f.seek(0, os.SEEK_END)
+        f.seek(max(0, f.tell() - _JPEG_TAIL))
+        return b"\xff\xd9" in f.read()
+
+
+def probe_image(path: str) -> ImageInfo:
+    """Check that `path` is a readable image without decoding its pixels (the cheap dataset scan).
+
+    Pillow's verify() walks PNG chunks and CRCs. For a JPEG (whose verify checks nothing) a
+    missing end marker means a cut-off download, so only such files are decoded, at 1/8 scale.
+    Other formats (TIFF, BMP, GIF, WebP) have no cheap check and are decoded (the first frame).
+    """
+    _check_file(path)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", Image.DecompressionBombWarning)
+        try:
+            with Image.open(path) as im:
+                width, height, mode, fmt = im.width, im.height, im.mode, im.format or "?"
+                animated = bool(getattr(im, "is_animated", False))
+                try:
+                    if im.getexif().get(0x0112) in _ROTATED_ORIENTATIONS:
+                        width, height = height, width
+                except Exception:  # damaged EXIF: load_image keeps the stored orientation too
+                    pass
+            with Image.open(path) as im:  # verify() leaves the image unusable: open it again
+                im.verify()
+            if fmt in ("JPEG", "MPO"):
+                if not _jpeg_complete(path):
+                    with Image.open(path) as im:
+                        im.draft("RGB", (max(1, im.width // 8), max(1, im.height // 8)))
+                        im.load()
+            elif fmt != "PNG":
+                with Image.open(path) as im:
+                    im.load()
+        except ImageReadError:
+            raise
+        except Exception as e:  # Pillow raises many types (OSError, SyntaxError, ValueError, struct.error...)
+            raise ImageReadError(describe_error(path, e)) from None
+    huge = any(issubclass(w.category, Image.DecompressionBombWarning) for w in caught)
+    return ImageInfo(width, height, mode, fmt, animated, huge)
+
+
+# ---- folders ------------------------------------------------------------------------------
+
+@dataclass
+class FolderListing:
+    """One folder's entries by kind, names sorted the same on case-(in)sensitive file systems."""
+    images: list[str] = field(default_factory=list)  # any entry with an image extension; the probe judges it
+    videos: list[str] = field(default_factory=list)
+    unsupported: list[str] = field(default_factory=list)
+    hidden: list[str] = field(default_factory=list)  # hidden images/videos (macOS '._' companions excluded)
+    subfolders: list[str] = field(default_factory=list)
+    by_casefold: dict[str, list[str]] = field(default_factory=dict)  # every name, for caption lookup
+
+
+def list_folder(folder: str) -> FolderListing:
+    """Sort one folder's names by kind (not recursive). OSError from listing it propagates."""
+    # casefold first so the order is the same on case-(in)sensitive file systems; name breaks ties
+    names = sorted(os.listdir(folder), key=lambda n: (n.casefold(), n))
+    out = FolderListing()
+    for name in names:
+        out.by_casefold.setdefault(name.casefold(), []).append(name)
+        ext = os.path.splitext(name)[1].lower()
+        if name.startswith("."):
+            if ext in IMAGE_EXTENSIONS + VIDEO_EXTENSIONS and not name.startswith("._"):
+                out.hidden.append(name)
+        elif ext in IMAGE_EXTENSIONS:
+            out.images.append(name)
+        elif ext in VIDEO_EXTENSIONS:
+            out.videos.append(name)
+        elif ext in UNSUPPORTED_IMAGE_FORMATS:
+            out.unsupported.append(name)
+        elif os.path.isdir(os.path.join(folder, name)):
+            out.subfolders.append(name)
+    return out
+
+
+def caption_name(listing: FolderListing, image_name: str, caption_ext: str) -> str | None:
+    """The caption file's name: exact, else the one name equal ignoring case (A.TXT from Windows)."""
+    wanted = os.path.splitext(image_name)[0] + caption_ext
+    matches = listing.by_casefold.get(wanted.casefold(), [])
+    if wanted in matches:
+        return wanted
+    return matches[0] if len(matches) == 1 else None
+
+
+# ---- loading one image for the VAE ---------------------------------------------------------
+
+def load_image(path: str, resolution: int) -> np.ndarray:
+    """Decode, orient, convert to RGB, cut the center square, resize it to `resolution`.
+
+    Returns float32 [resolution, resolution, 3] in 0..1 (ComfyUI's IMAGE layout without batch).
+    Raises ImageReadError (message names the file and the fix) for anything that fails.
+    """
+    _check_file(path)  # outside the try: its messages already name the file
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # the scan already reported it
+            with Image.open(path) as im:
+                return _decode(im, resolution)
+    except ImageReadError as e:  # raised by _decode, which does not know the path
+        raise ImageReadError(f"{path} {e}") from None
+    except Exception as e:
+        raise ImageReadError(describe_error(path, e)) from None
+
+
+def _decode(im: Image.Image, resolution: int) -> np.ndarray:
+    im.seek(0)  # animated GIF/WebP/PNG: the first frame
+    if im.format == "JPEG":
+        # decode at a reduced scale (still >= resolution on both sides): big photos load fast
+        im.draft("RGB", (resolution, resolution))
+    im.load()  # decode errors must surface here, not inside the EXIF step's fallback below
+    try:
+        im = ImageOps.exif_transpose(im)
+    except Exception:  # damaged EXIF: keep the stored orientation rather than fail the image
+        pass
+    if im.mode in _HIGH_BIT_MODES:
+        # float planes keep 16-bit precision through the resize instead of rounding to 8 bits
+        plane = _resize_crop(_high_bit_to_float(im), resolution)
+        arr = np.repeat(np.asarray(plane, dtype=np.float32)[..., None], 3, axis=-1)
+    else:
+        arr = np.asarray(_resize_crop(_to_rgb8(im), resolution), dtype=np.float32) / 255.0
+    # LANCZOS overshoots a little around hard edges; the VAE expects 0..1
+    return np.clip(arr, 0.0, 1.0)
+
+
+def _high_bit_to_float(im: Image.Image) -> Image.Image:
+    """16/32-bit integer or float grayscale as an 'F' image in 0..1 (scaling rule: module doc)."""
+    arr = np.asarray(im, dtype=np.float64)
+    arr = np.nan_to_num(arr, nan=0.0, posinf=0.0, neginf=0.0)
+    full = 1.0 if im.mode == "F" else 65535.0
+    peak = float(arr.max()) if arr.size else 0.0
+    arr = arr / (peak if peak > full else full)
+    return Image.fromarray(np.clip(arr, 0.0, 1.0).astype(np.float32), mode="F")
+
+
+def _to_rgb8(im: Image.Image) -> Image.Image:
+    """8-bit RGB from any other mode; transparency is composited over white (see module doc)."""
+    try:
+        if im.mode == "P" and "transparency" not in im.info:
+            return im.convert("RGB")
+        if im.mode in ("RGBA", "LA", "PA", "P", "RGBa", "La") or "transparency" in im.info:
+            rgba = im.convert("RGBA")
+            white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+            return Image.alpha_composite(white, rgba).convert("RGB")
+        return im if im.mode == "RGB" else im.convert("RGB")  # L, 1, CMYK, YCbCr, LAB, HSV
+    except ValueError as e:  # "conversion from X to RGB not supported"
+        raise ImageReadError(f"has colour mode {im.mode}, which cannot be converted to RGB ({e}): re-export "
+                             "it as 8-bit RGB PNG or JPEG") from None
+
+
+def _resize_crop(im: Image.Image, resolution: int) -> Image.Image:
+    w, h = im.size
+    side = min(w, h)
+    if side == resolution:  # already the right size: a plain crop, no resampling
+        left, top = (w - side) // 2, (h - side) // 2
+        return im.crop((left, top, left + side, top + side))
+    left, top = (w - side) / 2, (h - side) / 2
+    # The box selects the center square in source pixels; the filter still reads the pixels just
+    # outside it, so the result matches resizing the whole image and cropping afterwards.
+    return im.resize((resolution, resolution), Image.Resampling.LANCZOS, box=(left, top, left + side, top + side))
+
+
+# ---- captions ------------------------------------------------------------------------------
+
+_BOMS = ((codecs.BOM_UTF32_LE, "utf-32"), (codecs.BOM_UTF32_BE, "utf-32"), (codecs.BOM_UTF8, "utf-8-sig"),
+         (codecs.BOM_UTF16_LE, "utf-16"), (codecs.BOM_UTF16_BE, "utf-16"))  # UTF-32 LE first: it starts like UTF-16 LE
+
+
+def decode_caption(raw: bytes) -> tuple[str, str | None]:
+    """Caption text from a file's bytes, and the warning kind when a guess was needed.
+
+    UTF-8 (with or without BOM) and UTF-16/32 with BOM (Notepad's "Unicode") are read silently.
+    UTF-16 without BOM is recognised by its zero bytes; anything else that is not UTF-8 is read
+    as Windows-1252, the usual legacy encoding, so 'café' survives instead of being dropped.
+    """
+    for bom, encoding in _BOMS:
+        if raw.startswith(bom):
+            return raw.decode(encoding, errors="replace").strip(), None
+    if raw and b"\x00" in raw and len(raw) % 2 == 0:
+        odd_zeros = raw[1::2].count(0) > len(raw) // 4
+        return raw.decode("utf-16-le" if odd_zeros else "utf-16-be", errors="replace").strip(), "utf16_no_bom"
+    try:
+        return raw.decode("utf-8").strip(), None
+    except UnicodeDecodeError:
+        pass
+    try:
+        return raw.decode("cp1252").strip(), "not_utf8"
+    except UnicodeDecodeError:  # the five bytes cp1252 leaves undefined
+        return raw.decode("latin-1").strip(), "not_utf8"
+
+
+def read_caption(path: str) -> tuple[str, str | None, str]:
+    """A caption file's text, the warning kind when something was off, and the example to list."""
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+    except IsADirectoryError:
+        return "", "caption_unreadable", f"{path} is a folder, not a text file: rename or remove it"
+    except OSError as e:
+        return "", "caption_unreadable", f"{path} ({e.strerror}): make it a readable UTF-8 text file"
+    text, kind = decode_caption(raw)
+    return text, kind, f"{path} ({text[:40]!r})"
