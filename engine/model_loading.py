@@ -31,6 +31,11 @@ def load_base_model(cfg: RunConfig, device: torch.device) -> nn.Module:
             f"ComfyUI does not recognise {cfg.model_path} as a diffusion model ({str(e).splitlines()[0]}). "
             "Pick a diffusion model or checkpoint that ComfyUI's own loaders can load.") from e
     model = patcher.model
+    # Out-of-place block forwards for the families whose blocks update the residual in place
+    # (Flux family, Hunyuan, LTXV): without them LoRA backward fails. Must precede checkpointing.
+    from .patches import ensure_patched
+
+    ensure_patched(model.diffusion_model)
     model.requires_grad_(False)
     model.to(device)
     model.train()
