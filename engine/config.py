@@ -77,9 +77,8 @@ class MemorySpec:
         _check(self.optimizer in OPTIMIZERS, f"memory.optimizer is {self.optimizer!r}: choose one of {', '.join(OPTIMIZERS)}.")
         _check(self.base_dtype in BASE_DTYPES,
                f"memory.base_dtype is {self.base_dtype!r}: choose one of {', '.join(BASE_DTYPES)}.")
-        _check(self.pipeline_stages == 1,
-               f"memory.pipeline_stages is {self.pipeline_stages}: only 1 is supported in this version of PipeTrain; "
-               "set pipeline_stages to 1 (data parallel over all GPUs).")
+        _check(1 <= self.pipeline_stages <= 64, f"memory.pipeline_stages is {self.pipeline_stages}: use 1 (data "
+               "parallel only) or the number of GPUs to split the model over.")
 
 
 @dataclass(frozen=True)
@@ -163,6 +162,9 @@ class RunConfig:
                f"cache {self.cache_dir} is incomplete (no manifest.json): run CacheLatents again.")
         for part in (self.lora, self.memory, self.train, self.launch):
             part.validate()
+        _check(self.launch.num_gpus % self.memory.pipeline_stages == 0,
+               f"{self.launch.num_gpus} GPUs cannot be split into {self.memory.pipeline_stages} pipeline stages: use "
+               "a number of GPUs divisible by pipeline_stages (e.g. 2 stages on 2, 4 or 8 GPUs).")
         _check(self.launch.backend == "deepspeed" or self.memory.pipeline_stages == 1,
                "pipeline_stages > 1 needs DeepSpeed: install it (pip install deepspeed, Linux) or set "
                "pipeline_stages to 1.")

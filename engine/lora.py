@@ -78,12 +78,15 @@ def _peft_to_comfy_key(name: str) -> str:
     return KEY_PREFIX + name.replace(f".{ADAPTER}.", ".")
 
 
-def lora_state_dict(diffusion_model: nn.Module, spec: LoraSpec) -> dict[str, torch.Tensor]:
-    """The LoRA in ComfyUI's key format, as contiguous CPU tensors."""
-    out = {}
-    for name, param in diffusion_model.named_parameters():
-        if ".lora_" in name:
-            out[_peft_to_comfy_key(name)] = param.detach().to("cpu").contiguous().clone()
+def lora_tensors(diffusion_model: nn.Module) -> dict[str, torch.Tensor]:
+    """The LoRA parameters by their (peft) module path, as contiguous CPU copies."""
+    return {name: param.detach().to("cpu").contiguous().clone()
+            for name, param in diffusion_model.named_parameters() if ".lora_" in name}
+
+
+def lora_state_dict(named: dict[str, torch.Tensor], spec: LoraSpec) -> dict[str, torch.Tensor]:
+    """LoRA tensors by module path -> ComfyUI's key format (+ alpha when it is not the rank)."""
+    out = {_peft_to_comfy_key(name): tensor for name, tensor in named.items()}
     if spec.effective_alpha != spec.rank:
         for key in [k for k in out if k.endswith(".lora_A.weight")]:
             out[key[: -len(".lora_A.weight")] + ".alpha"] = torch.tensor(spec.effective_alpha)

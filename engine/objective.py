@@ -17,6 +17,7 @@ uninterrupted one exactly.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -49,12 +50,18 @@ class DiffusionObjective(nn.Module):
         self.timestep_sampling = timestep_sampling
 
     def forward(self, latents: torch.Tensor, conds: list[dict[str, Any]], sample_ids: list[int]) -> torch.Tensor:
+        batch = self.prepare(latents, conds, sample_ids)
+        denoised = self.base.apply_model(batch.xt, batch.sigma, transformer_options={}, **batch.kwargs)
+        return native_loss(denoised, batch.x0, batch.scale)
+
+    def prepare(self, latents: torch.Tensor, conds: list[dict[str, Any]], sample_ids: list[int]) -> "Prepared":
+        """Everything apply_model and the loss need, drawn reproducibly from the sample ids."""
         model = self.base
         ms = model.model_sampling
         device = latents.device
         x0 = model.process_latent_in(latents.float())
         noise, sigmas = [], []
-        for i, sample_id in enumerate(sample_ids):
+        for sample_id in sample_ids:
             gen = sample_generator(self.seed, sample_id)
             noise.append(torch.randn(x0.shape[1:], generator=gen))
             t = draw_time(gen, self.timestep_sampling)
@@ -62,13 +69,24 @@ class DiffusionObjective(nn.Module):
         noise = torch.stack(noise).to(device)
         sigma = torch.tensor(sigmas, dtype=torch.float32, device=device)
         xt = ms.noise_scaling(sigma, noise, x0)
-        kwargs = model_kwargs(model, conds, x0, noise)
-        denoised = model.apply_model(xt, sigma, transformer_options={}, **kwargs)
         scale = ms.calculate_denoised(sigma, torch.ones_like(x0), torch.zeros_like(x0))
-        err = (denoised.float() - x0) / scale
-        if not torch.isfinite(err).all():
-            raise FloatingPointError("the loss is not finite: lower the learning rate or check the model file and cache")
-        return err.pow(2).mean()
+        return Prepared(xt=xt, sigma=sigma, kwargs=model_kwargs(model, conds, x0, noise), x0=x0, scale=scale)
+
+
+@dataclass
+class Prepared:
+    xt: torch.Tensor
+    sigma: torch.Tensor
+    kwargs: dict[str, Any]
+    x0: torch.Tensor
+    scale: torch.Tensor  # d(denoised)/d(network output): maps denoised error to native-target error
+
+
+def native_loss(denoised: torch.Tensor, x0: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    err = (denoised.float() - x0) / scale
+    if not torch.isfinite(err).all():
+        raise FloatingPointError("the loss is not finite: lower the learning rate or check the model file and cache")
+    return err.pow(2).mean()
 
 
 def model_kwargs(model: nn.Module, conds: list[dict[str, Any]], x0: torch.Tensor, noise: torch.Tensor) -> dict[str, Any]:

@@ -67,7 +67,7 @@ def main(config_path: str) -> int:
 def train(cfg: RunConfig, device: torch.device, events: EventLog) -> int:
     from .cache_format import CachedDataset
     from .data import SampleStream, collate, steps_for_epochs
-    from .lora import inject_lora, lora_parameters, lora_state_dict
+    from .lora import inject_lora, lora_parameters, lora_state_dict, lora_tensors
     from .memory import enable_activation_checkpointing
     from .model_loading import ModelLoadError, latent_channels, load_base_model
     from .objective import DiffusionObjective
@@ -86,7 +86,10 @@ def train(cfg: RunConfig, device: torch.device, events: EventLog) -> int:
     total_steps = t.steps if t.steps > 0 else steps_for_epochs(t.epochs, len(stream), samples_per_step)
 
     # ---- model + LoRA -----------------------------------------------------------------
-    model = load_base_model(cfg, device)
+    pipelined = cfg.memory.pipeline_stages > 1
+    # Pipelined: load on the CPU; DeepSpeed moves only this rank's stage to its GPU.
+    model = load_base_model(cfg, torch.device("cpu") if pipelined else device)
+    model.model_sampling.to(device)
     cache_channels = dataset.latent_shape[0]
     if cache_channels != latent_channels(model):
         raise ModelLoadError(
@@ -97,10 +100,20 @@ def train(cfg: RunConfig, device: torch.device, events: EventLog) -> int:
     if cfg.memory.activation_checkpointing:
         enable_activation_checkpointing(model.diffusion_model)
     objective = DiffusionObjective(model, seed=t.seed, timestep_sampling=t.timestep_sampling)
-    params = lora_parameters(model.diffusion_model)
-    optimizer = build_optimizer(cfg.memory.optimizer, params, t)
-    scheduler = build_scheduler(optimizer, t, total_steps)
-    engine = _build_engine(cfg, objective, optimizer, scheduler)
+    if pipelined:
+        from . import pipeline
+
+        lora_names = {id(p): n for n, p in model.diffusion_model.named_parameters() if ".lora_" in n}
+        engine, adapter = pipeline.build_engine(cfg, model, objective,
+                                                lambda ps: build_optimizer(cfg.memory.optimizer, ps, t),
+                                                lambda opt: build_scheduler(opt, t, total_steps))
+        scheduler = engine.lr_scheduler
+        params = [p for p in engine.module.parameters() if p.requires_grad]
+    else:
+        params = lora_parameters(model.diffusion_model)
+        optimizer = build_optimizer(cfg.memory.optimizer, params, t)
+        scheduler = build_scheduler(optimizer, t, total_steps)
+        engine = _build_engine(cfg, objective, optimizer, scheduler)
 
     # ---- resume -----------------------------------------------------------------------
     ckpt_root = run_dir / "checkpoints"
@@ -121,10 +134,15 @@ def train(cfg: RunConfig, device: torch.device, events: EventLog) -> int:
     meta = _lora_metadata(cfg, dataset.fingerprint)
 
     def save_lora(name: str, step: int) -> None:
-        if rank == 0:
+        # Pipelined, every stage holds part of the LoRA: gathering it is a collective on all ranks.
+        if pipelined:
+            named = pipeline.gather_lora(engine.module, lora_names)
+        else:
+            named = lora_tensors(model.diffusion_model) if rank == 0 else None
+        if named is not None:
             from .lora import save_lora as write
             path = run_dir / "lora" / name
-            write(path, lora_state_dict(model.diffusion_model, cfg.lora), {**meta, "pipetrain_steps": str(step)})
+            write(path, lora_state_dict(named, cfg.lora), {**meta, "pipetrain_steps": str(step)})
             events.emit("saved", step=step, path=str(path))
 
     def save_checkpoint(step: int) -> None:
@@ -142,7 +160,10 @@ def train(cfg: RunConfig, device: torch.device, events: EventLog) -> int:
         started = time.time()
         lr = scheduler.get_last_lr()[0]
         micro_losses = []
-        for micro in range(t.grad_accum):
+        if pipelined:  # DeepSpeed runs all micro-batches of the step through the stages
+            micro_losses.append(float(engine.train_batch(
+                pipeline.micro_batches(cfg, engine, adapter, objective, dataset, stream, step, device))))
+        for micro in range(0 if pipelined else t.grad_accum):
             positions = SampleStream.positions(step, micro, rank, world, t.grad_accum, t.batch_size)
             latents, conds, ids = collate(dataset, stream, positions, device)
             # LoRA dropout draws from the global RNG: seed it from the position, like the noise.

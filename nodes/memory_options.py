@@ -26,8 +26,10 @@ class PipeTrainMemoryOptions:
                                "Precision of the frozen base model. 'auto' uses what ComfyUI would pick on this "
                                "device; bfloat16 halves the memory of a float32 model."}),
                 "pipeline_stages": ("INT", {"default": 1, "min": 1, "max": 64, "tooltip":
-                                    "Split the model across this many GPUs (pipeline parallelism). This version "
-                                    "supports 1: every GPU holds the whole model and trains on its own batches."}),
+                                    "Split the model across this many GPUs (pipeline parallelism; needs DeepSpeed). "
+                                    "1 = every GPU holds the whole model and trains on its own batches. More stages "
+                                    "fit bigger models; the GPU count must be divisible by it. Families with a "
+                                    "pipeline adapter: Wan (text-to-video)."}),
             }
         }
 

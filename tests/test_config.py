@@ -37,7 +37,7 @@ def test_frozen(tmp_path):
     ("lora", {"rank": 0}, "lora.rank"),
     ("lora", {"targets": "everything"}, "attention, attention_mlp, all_linear"),
     ("lora", {"target_regex": "("}, "not a valid regular expression"),
-    ("memory", {"pipeline_stages": 2}, "set pipeline_stages to 1"),
+    ("memory", {"pipeline_stages": 0}, "memory.pipeline_stages"),
     ("train", {"steps": 0, "epochs": 0.0}, "set steps"),
     ("train", {"scheduler": "exp"}, "constant, linear, cosine"),
     ("launch", {"num_gpus": 2, "gpu_ids": "0"}, "make them agree"),
@@ -69,6 +69,16 @@ def test_missing_model_and_incomplete_cache(tmp_path):
     data = _valid(tmp_path).to_dict()
     (tmp_path / "cache" / "manifest.json").unlink()
     with pytest.raises(ConfigError, match="run CacheLatents again"):
+        RunConfig.from_dict(data)
+
+
+def test_gpus_must_divide_into_stages(tmp_path):
+    data = _valid(tmp_path).to_dict()
+    data["launch"]["num_gpus"], data["memory"]["pipeline_stages"] = 3, 2
+    with pytest.raises(ConfigError, match="divisible by pipeline_stages"):
+        RunConfig.from_dict(data)
+    data["launch"]["backend"], data["launch"]["num_gpus"] = "plain", 1
+    with pytest.raises(ConfigError, match="divisible|needs DeepSpeed"):
         RunConfig.from_dict(data)
 
 

@@ -1,0 +1,107 @@
+"""Pipeline parallelism: the model cut into stages over GPUs, data parallel over the rest.
+
+The world of N ranks is a grid of `pipeline_stages` x (N / pipeline_stages) data-parallel
+replicas. DeepSpeed's PipelineEngine runs the micro-batches of one optimizer step through the
+stages (train_batch); our part is the layer list (engine/models/<family>.py), the data each
+replica feeds, and gathering the LoRA, which is spread over the stages, into one file.
+
+DeepSpeed trap (GPU-BASELINE.md): with a LoRA and no ZeRO, its PipelineEngine only runs with
+torch-style backward enabled, and then non-last stages would divide gradients by the
+accumulation steps a second time (the loss the last stage backpropagates is already divided).
+`build_engine` switches that second division off; tests/test_pipeline.py compares pipelined
+gradients with single-process ones at gas 1, 4 and 8, which catches any such scaling error.
+"""
+from __future__ import annotations
+
+from typing import Iterator
+
+import torch
+import torch.distributed as tdist
+
+from .config import ConfigError, RunConfig
+from .data import SampleStream, collate
+from .objective import DiffusionObjective, native_loss
+
+
+def build_engine(cfg: RunConfig, model, objective: DiffusionObjective, optimizer_factory, scheduler_factory):
+    """The PipelineEngine for this rank's stage. Returns (engine, adapter)."""
+    import deepspeed
+    from deepspeed.pipe import PipelineModule
+
+    from .models import adapter_for
+
+    stages = cfg.memory.pipeline_stages
+    world = tdist.get_world_size()
+    if world % stages:
+        raise ConfigError(f"{world} processes cannot be split into {stages} pipeline stages: use a number of GPUs "
+                          f"divisible by pipeline_stages ({stages}).")
+    adapter = adapter_for(model)
+    module = PipelineModule(layers=[_BoundarySafe(layer) for layer in adapter.layers(model)], num_stages=stages,
+                            loss_fn=lambda out, labels: native_loss(out, *labels), partition_method="parameters")
+    params = [p for p in module.parameters() if p.requires_grad]
+    optimizer = optimizer_factory(params)
+    t = cfg.train
+    ds_config = {
+        "train_micro_batch_size_per_gpu": t.batch_size,
+        "gradient_accumulation_steps": t.grad_accum,
+        "gradient_clipping": t.grad_clip,
+        "steps_per_print": 10**9,
+        "wall_clock_breakdown": False,
+    }
+    engine, _, _, _ = deepspeed.initialize(model=module, optimizer=optimizer, lr_scheduler=scheduler_factory(optimizer),
+                                           config=ds_config)
+    # Non-last stages backpropagate with torch.autograd.backward (DeepSpeed refuses unless this is
+    # on); the gradient they receive is already divided by gas, so do not divide it again.
+    engine._support_torch_style_backward = True
+    if not engine.is_last_stage():
+        engine._scale_wrt_gas = False
+    return engine, adapter
+
+
+class _BoundarySafe(torch.nn.Module):
+    """A stage layer whose float outputs all take part in autograd.
+
+    DeepSpeed backpropagates through every float tensor a stage sends and expects a gradient for
+    every float tensor a stage receives; tensors computed without grad (rope frequencies, time
+    embeddings of a frozen model) would break both. Making them leaves that require grad is free.
+    """
+
+    def __init__(self, layer: torch.nn.Module):
+        super().__init__()
+        self.layer = layer
+
+    def forward(self, inputs):
+        out = self.layer(inputs)
+        if torch.is_tensor(out):
+            return out
+        return tuple(t.requires_grad_() if t.is_floating_point() and not t.requires_grad else t for t in out)
+
+
+def micro_batches(cfg: RunConfig, engine, adapter, objective: DiffusionObjective, dataset, stream: SampleStream,
+                  step: int, device: torch.device) -> Iterator[tuple[tuple, tuple]]:
+    """The gas micro-batches of one optimizer step for this rank's data-parallel replica.
+
+    Same positions (so the same samples and noise) as the data-parallel path with
+    world = number of replicas: a pipelined run repeats a single-process run exactly.
+    """
+    t = cfg.train
+    replica, replicas = engine.grid.get_data_parallel_rank(), engine.grid.get_data_parallel_world_size()
+    for micro in range(t.grad_accum):
+        positions = SampleStream.positions(step, micro, replica, replicas, t.grad_accum, t.batch_size)
+        latents, conds, ids = collate(dataset, stream, positions, device)
+        prepared = objective.prepare(latents, conds, ids)
+        inputs = tuple(x.contiguous() for x in adapter.first_stage_inputs(prepared))
+        yield inputs, (prepared.x0.contiguous(), prepared.scale.contiguous())
+
+
+def gather_lora(module: torch.nn.Module, names: dict[int, str]) -> dict[str, torch.Tensor] | None:
+    """Every stage's LoRA tensors, merged on global rank 0 (None elsewhere)."""
+    mine = {names[id(p)]: p.detach().to("cpu").contiguous().clone() for p in module.parameters() if id(p) in names}
+    parts = [None] * tdist.get_world_size()
+    tdist.all_gather_object(parts, mine)
+    if tdist.get_rank() != 0:
+        return None
+    merged: dict[str, torch.Tensor] = {}
+    for part in parts:
+        merged.update(part)
+    return merged

@@ -1,0 +1,60 @@
+"""A tiny random-init Wan 2.1 t2v file that ComfyUI's detection loads, and a matching latent cache.
+(dim 128: detection infers num_heads = dim // 128.)
+
+The cache is written with PipeTrain's own cache writer from seeded random latents and text
+embeddings: the engine tests need Wan-shaped data, not a Wan VAE/umT5 (ComfyUI has no tiny ones).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+WAN_CONFIG = dict(image_model="wan2.1", model_type="t2v", patch_size=(1, 2, 2), in_dim=16, dim=128, ffn_dim=256,
+                  freq_dim=256, text_dim=4096, out_dim=16, num_heads=1, num_layers=4, window_size=(-1, -1),
+                  qk_norm=True, cross_attn_norm=True, eps=1e-6)
+LATENT = (16, 3, 8, 8)  # channels, frames, height, width
+TEXT = (8, 4096)  # tokens, width (detection fixes umT5's 4096)
+
+
+def build_base_model(seed: int = 0):
+    import comfy.supported_models
+
+    model = comfy.supported_models.WAN21_T2V(dict(WAN_CONFIG)).get_model({})
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.diffusion_model.named_parameters():
+            if p.ndim >= 2:
+                p.copy_(torch.randn(p.shape, generator=gen) * (1.0 / p.shape[-1] ** 0.5))
+            elif "norm" in name or name.endswith(".modulation"):
+                p.copy_(torch.ones_like(p) if "norm" in name else torch.randn(p.shape, generator=gen) * 0.02)
+            else:
+                p.zero_()
+    return model
+
+
+def write_model(path: Path, seed: int = 0) -> Path:
+    from safetensors.torch import save_file
+
+    model = build_base_model(seed)
+    state = {k: v.contiguous() for k, v in model.diffusion_model.state_dict().items()}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_file(state, str(path))
+    return path
+
+
+def write_cache(root: Path, items: int = 8, seed: int = 0) -> str:
+    from PipeTrain.engine.cache_format import write_item, write_manifest
+    from PipeTrain.engine.dataset import DatasetSpec, FolderSpec
+
+    gen = torch.Generator().manual_seed(seed)
+    spec = DatasetSpec(folders=(FolderSpec(str(root)),), resolution=64)
+    cache = root / "cache"
+    entries = []
+    for i in range(items):
+        latent = torch.randn((1, *LATENT), generator=gen)
+        text = torch.randn((1, *TEXT), generator=gen)
+        write_item(cache, i, latent, text, {}, f"item{i}.png", f"caption {i}", 1)
+        entries.append({"file": f"items/{i:06d}.safetensors", "source": f"item{i}.png", "repeats": 1})
+    write_manifest(cache, "0" * 16, spec, entries, list(LATENT), ["cross_attn"], {"test": "tiny wan"})
+    return str(cache)
