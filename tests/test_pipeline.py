@@ -3,6 +3,7 @@ DeepSpeed pipeline (2 gloo processes) trains exactly like one process at gas 1, 
 from __future__ import annotations
 
 import dataclasses
+import shutil
 from pathlib import Path
 
 import pytest
@@ -47,12 +48,13 @@ def test_stage_layers_equal_comfyui_forward(wan_files):
     assert torch.equal(acts, reference)
 
 
-def _config(run_dir: Path, comfy_root: str, wan_files, processes: int, stages: int, grad_accum: int) -> RunConfig:
+def _config(run_dir: Path, comfy_root: str, wan_files, processes: int, stages: int, grad_accum: int,
+            steps: int = 3, checkpoint_every: int = 0) -> RunConfig:
     cfg = RunConfig(run_name=run_dir.name, run_dir=str(run_dir), comfyui_root=comfy_root, model_path=wan_files[0],
                     cache_dir=wan_files[1], lora=LoraSpec(rank=4, targets="attention_mlp"),
                     memory=MemorySpec(pipeline_stages=stages),
-                    train=TrainSpec(steps=3, learning_rate=1e-3, batch_size=1, grad_accum=grad_accum, seed=1,
-                                    scheduler="cosine", warmup_steps=1),
+                    train=TrainSpec(steps=steps, learning_rate=1e-3, batch_size=1, grad_accum=grad_accum, seed=1,
+                                    scheduler="cosine", warmup_steps=1, checkpoint_every=checkpoint_every),
                     launch=LaunchSpec(num_gpus=processes))
     cfg.validate()
     return cfg
@@ -71,3 +73,20 @@ def test_two_stage_pipeline_trains_like_one_process(tmp_path, comfy_root, wan_fi
     assert len(moved) == len([k for k in a if k.endswith("lora_B.weight")]), "a stage's LoRA never trained"
     for k in a:  # a gas scaling error on one stage shows up here as a factor of gas
         torch.testing.assert_close(b[k], a[k], rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.slow
+def test_pipeline_resume_from_a_mid_run_checkpoint_equals_uninterrupted(tmp_path, comfy_root, wan_files):
+    full = run_to_end(_config(tmp_path / "full", comfy_root, wan_files, 2, 2, 2, steps=4, checkpoint_every=2))
+    resumed_dir = tmp_path / "resumed"
+    shutil.copytree(full.cfg.run_dir, resumed_dir)
+    shutil.rmtree(resumed_dir / "checkpoints" / "step000004")
+    shutil.rmtree(resumed_dir / "lora")
+    (resumed_dir / "checkpoints" / "latest").write_text("step000002")
+    resumed = run_to_end(dataclasses.replace(full.cfg, run_dir=str(resumed_dir), resume=True))
+    assert [e["step"] for e in resumed.of("step")] == [3, 4]
+    assert resumed.losses() == pytest.approx(full.losses()[2:], rel=1e-5, abs=1e-7)
+    a = load_file(str(Path(full.cfg.run_dir) / "lora" / "lora_final.safetensors"))
+    b = load_file(str(resumed_dir / "lora" / "lora_final.safetensors"))
+    for k in a:
+        torch.testing.assert_close(b[k], a[k], rtol=1e-5, atol=1e-7)
