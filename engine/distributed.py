@@ -16,6 +16,17 @@ def init(device_type: str) -> None:
     deepspeed.init_distributed(dist_backend="nccl" if device_type == "cuda" else "gloo")
 
 
+def deepspeed_config(train) -> dict:
+    """DeepSpeed's config for a TrainSpec (the optimizer and schedule are passed as objects)."""
+    return {
+        "train_micro_batch_size_per_gpu": train.batch_size,
+        "gradient_accumulation_steps": train.grad_accum,
+        "gradient_clipping": train.grad_clip,
+        "steps_per_print": 10**9,
+        "wall_clock_breakdown": False,
+    }
+
+
 def rank() -> int:
     return dist.get_rank() if dist.is_initialized() else 0
 

@@ -20,6 +20,7 @@ import torch.distributed as tdist
 
 from .config import ConfigError, RunConfig
 from .data import SampleStream, collate
+from .distributed import deepspeed_config
 from .objective import DiffusionObjective, native_loss
 
 
@@ -40,16 +41,8 @@ def build_engine(cfg: RunConfig, model, objective: DiffusionObjective, optimizer
                             loss_fn=lambda out, labels: native_loss(out, *labels), partition_method="parameters")
     params = [p for p in module.parameters() if p.requires_grad]
     optimizer = optimizer_factory(params)
-    t = cfg.train
-    ds_config = {
-        "train_micro_batch_size_per_gpu": t.batch_size,
-        "gradient_accumulation_steps": t.grad_accum,
-        "gradient_clipping": t.grad_clip,
-        "steps_per_print": 10**9,
-        "wall_clock_breakdown": False,
-    }
     engine, _, _, _ = deepspeed.initialize(model=module, optimizer=optimizer, lr_scheduler=scheduler_factory(optimizer),
-                                           config=ds_config)
+                                           config=deepspeed_config(cfg.train))
     # Non-last stages backpropagate with torch.autograd.backward (DeepSpeed refuses unless this is
     # on); the gradient they receive is already divided by gas, so do not divide it again.
     engine._support_torch_style_backward = True

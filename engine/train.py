@@ -82,7 +82,8 @@ def train(cfg: RunConfig, device: torch.device, events: EventLog) -> int:
     # ---- data -------------------------------------------------------------------------
     dataset = CachedDataset(cfg.cache_dir)
     stream = SampleStream([dataset.repeats(i) for i in range(len(dataset))], seed=t.seed)
-    samples_per_step = t.batch_size * t.grad_accum * world
+    replicas = world // cfg.memory.pipeline_stages  # data-parallel copies of the model
+    samples_per_step = t.batch_size * t.grad_accum * replicas
     total_steps = t.steps if t.steps > 0 else steps_for_epochs(t.epochs, len(stream), samples_per_step)
 
     # ---- model + LoRA -----------------------------------------------------------------
@@ -163,15 +164,16 @@ def train(cfg: RunConfig, device: torch.device, events: EventLog) -> int:
         if pipelined:  # DeepSpeed runs all micro-batches of the step through the stages
             micro_losses.append(float(engine.train_batch(
                 pipeline.micro_batches(cfg, engine, adapter, objective, dataset, stream, step, device))))
-        for micro in range(0 if pipelined else t.grad_accum):
-            positions = SampleStream.positions(step, micro, rank, world, t.grad_accum, t.batch_size)
-            latents, conds, ids = collate(dataset, stream, positions, device)
-            # LoRA dropout draws from the global RNG: seed it from the position, like the noise.
-            torch.manual_seed(t.seed * 1_000_003 + positions[0])
-            micro_loss = engine(latents, conds, ids)
-            engine.backward(micro_loss)
-            engine.step()
-            micro_losses.append(micro_loss.item())
+        else:
+            for micro in range(t.grad_accum):
+                positions = SampleStream.positions(step, micro, rank, world, t.grad_accum, t.batch_size)
+                latents, conds, ids = collate(dataset, stream, positions, device)
+                # LoRA dropout draws from the global RNG: seed it from the position, like the noise.
+                torch.manual_seed(t.seed * 1_000_003 + positions[0])
+                micro_loss = engine(latents, conds, ids)
+                engine.backward(micro_loss)
+                engine.step()
+                micro_losses.append(micro_loss.item())
         step += 1
         loss = dist.mean(sum(micro_losses) / len(micro_losses), device)
         events.emit("step", step=step, total=total_steps, loss=loss, lr=lr,
@@ -207,15 +209,8 @@ def _build_engine(cfg: RunConfig, objective: torch.nn.Module, optimizer, schedul
         return PlainTrainer(objective, optimizer, scheduler, grad_accum=t.grad_accum, grad_clip=t.grad_clip)
     import deepspeed
 
-    ds_config = {
-        "train_micro_batch_size_per_gpu": t.batch_size,
-        "gradient_accumulation_steps": t.grad_accum,
-        "gradient_clipping": t.grad_clip,
-        "steps_per_print": 10**9,
-        "wall_clock_breakdown": False,
-    }
     engine, _, _, _ = deepspeed.initialize(model=objective, optimizer=optimizer, lr_scheduler=scheduler,
-                                           config=ds_config)
+                                           config=dist.deepspeed_config(t))
     return engine
 
 
