@@ -96,6 +96,7 @@ class TrainSpec:
     save_every: int = 0  # save a LoRA every N steps (0 = only at the end)
     checkpoint_every: int = 0  # write a resumable checkpoint every N steps (0 = only on cancel/end)
     timestep_sampling: str = "uniform"
+    timestep_shift: float = 0.0  # 0 = the model's own shift (what ComfyUI samples with)
 
     def validate(self) -> None:
         _check(self.steps >= 0, f"train.steps is {self.steps}: use a positive number, or 0 with epochs > 0.")
@@ -109,6 +110,8 @@ class TrainSpec:
         _check(self.batch_size >= 1, f"train.batch_size is {self.batch_size}: use 1 or more.")
         _check(self.grad_accum >= 1, f"train.grad_accum is {self.grad_accum}: use 1 or more.")
         _check(self.save_every >= 0 and self.checkpoint_every >= 0, "save_every and checkpoint_every must be 0 or more.")
+        _check(self.timestep_shift >= 0, f"train.timestep_shift is {self.timestep_shift}: use 0 (the model's own) "
+               "or a positive shift such as 3.0.")
         _check(self.timestep_sampling in TIMESTEP_SAMPLING,
                f"train.timestep_sampling is {self.timestep_sampling!r}: choose one of {', '.join(TIMESTEP_SAMPLING)}.")
 

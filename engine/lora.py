@@ -22,6 +22,9 @@ ADAPTER = "default"  # peft's adapter name; never appears in saved files
 
 _ATTENTION = re.compile(r"attn|attention", re.IGNORECASE)
 _MLP = re.compile(r"^(.*_)?(mlp|ff|ffn|feed_forward|feedforward)(_.*)?$", re.IGNORECASE)
+# Single-stream blocks (Flux, Chroma, Hunyuan) fuse q/k/v + MLP-in into `linear1` and the attention
+# output + MLP-out into `linear2`: they are the attention layers of those blocks.
+_FUSED_ATTENTION = re.compile(r"^linear[12]$")
 
 
 def select_lora_targets(diffusion_model: nn.Module, spec: LoraSpec) -> list[str]:
@@ -33,7 +36,8 @@ def select_lora_targets(diffusion_model: nn.Module, spec: LoraSpec) -> list[str]
         if not isinstance(module, nn.Linear) or not name.startswith(roots):
             continue
         parts = name.split(".")
-        is_attention = any(_ATTENTION.search(p) for p in parts)
+        is_attention = any(_ATTENTION.search(p) for p in parts) or (
+            bool(_FUSED_ATTENTION.match(parts[-1])) and any("single" in p for p in parts))
         is_mlp = any(_MLP.match(p) for p in parts)
         if spec.targets == "attention" and not is_attention:
             continue

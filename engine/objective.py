@@ -17,14 +17,38 @@ uninterrupted one exactly.
 """
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
+from .config import ConfigError
+
 # Keep timesteps off the exact ends of the schedule, where some samplings are infinite or 0.
 _T_MIN, _T_MAX = 1e-3, 1.0 - 1e-3
+
+
+def apply_timestep_shift(model: nn.Module, shift: float) -> None:
+    """Override the model's sampling shift for training (0 keeps the one ComfyUI samples with).
+
+    Flow schedules (SD3, AuraFlow, Wan, HunyuanVideo: sigma = shift*t / (1 + (shift-1)*t); Flux-style:
+    shift is the exponent mu) take it through their own set_parameters; discrete eps/v schedules
+    have no shift.
+    """
+    if shift <= 0:
+        return
+    ms = model.model_sampling
+    setter = getattr(ms, "set_parameters", None)
+    params = inspect.signature(setter).parameters if setter else {}
+    if "shift" not in params:
+        raise ConfigError(f"timestep_shift {shift} cannot be used with {type(model).__name__}: its noise schedule "
+                          "has no shift (it is not a flow model). Set timestep_shift to 0.")
+    kwargs = {"shift": shift}
+    if "multiplier" in params:
+        kwargs["multiplier"] = ms.multiplier  # keep the model's timestep scale
+    setter(**kwargs)
 
 
 def sample_generator(seed: int, sample_index: int) -> torch.Generator:

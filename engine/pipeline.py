@@ -40,6 +40,9 @@ def build_engine(cfg: RunConfig, model, objective: DiffusionObjective, optimizer
     module = PipelineModule(layers=[_BoundarySafe(layer) for layer in adapter.layers(model)], num_stages=stages,
                             loss_fn=lambda out, labels: native_loss(out, *labels), partition_method="parameters")
     params = [p for p in module.parameters() if p.requires_grad]
+    if not params:
+        raise ConfigError(f"pipeline stage {module.stage_id} holds no LoRA weights with these LoRA targets "
+                          f"({cfg.lora.targets}): use fewer pipeline_stages or the 'all_linear' targets.")
     optimizer = optimizer_factory(params)
     engine, _, _, _ = deepspeed.initialize(model=module, optimizer=optimizer, lr_scheduler=scheduler_factory(optimizer),
                                            config=deepspeed_config(cfg.train))

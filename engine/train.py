@@ -70,7 +70,7 @@ def train(cfg: RunConfig, device: torch.device, events: EventLog) -> int:
     from .lora import inject_lora, lora_parameters, lora_state_dict, lora_tensors
     from .memory import enable_activation_checkpointing
     from .model_loading import ModelLoadError, latent_channels, load_base_model
-    from .objective import DiffusionObjective
+    from .objective import DiffusionObjective, apply_timestep_shift
     from .optim import build_optimizer, build_scheduler
 
     run_dir = Path(cfg.run_dir)
@@ -90,6 +90,7 @@ def train(cfg: RunConfig, device: torch.device, events: EventLog) -> int:
     pipelined = cfg.memory.pipeline_stages > 1
     # Pipelined: load on the CPU; DeepSpeed moves only this rank's stage to its GPU.
     model = load_base_model(cfg, torch.device("cpu") if pipelined else device)
+    apply_timestep_shift(model, t.timestep_shift)
     model.model_sampling.to(device)
     cache_channels = dataset.latent_shape[0]
     if cache_channels != latent_channels(model):

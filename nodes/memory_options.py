@@ -29,7 +29,7 @@ class PipeTrainMemoryOptions:
                                     "Split the model across this many GPUs (pipeline parallelism; needs DeepSpeed). "
                                     "1 = every GPU holds the whole model and trains on its own batches. More stages "
                                     "fit bigger models; the GPU count must be divisible by it. Families with a "
-                                    "pipeline adapter: Wan (text-to-video)."}),
+                                    "pipeline adapter: Wan (text-to-video), Flux.1 (text-to-image)."}),
             }
         }
 

@@ -90,6 +90,9 @@ class PipeTrainTrainPipeline:
                 "timestep_sampling": (list(TIMESTEP_SAMPLING), {"default": "uniform", "tooltip":
                                       "How noise levels are drawn: uniform, or logit-normal (favours the middle; "
                                       "common for flow models such as SD3/Flux)."}),
+                "timestep_shift": ("FLOAT", {"default": 0.0, "min": 0.0, "max": 100.0, "step": 0.1, "tooltip":
+                                   "Flow models only: shift the noise levels trained on (higher = noisier, e.g. 3 "
+                                   "for SD3, 8 is Wan's own). 0 = the model's own shift, as ComfyUI samples."}),
                 "backend": (["auto", *BACKENDS], {"default": "auto", "tooltip":
                             "auto = DeepSpeed when it is installed, else one plain PyTorch process (1 GPU; e.g. "
                             "Windows). plain works without DeepSpeed but only on one GPU."}),
@@ -98,7 +101,7 @@ class PipeTrainTrainPipeline:
 
     def train(self, model_name, cache, lora, memory, steps, epochs, learning_rate, scheduler, warmup_steps,
               batch_size, grad_accum, seed, save_every, checkpoint_every, num_gpus, run_name, resume,
-              gpu_ids="", timestep_sampling="uniform", backend="auto"):
+              gpu_ids="", timestep_sampling="uniform", timestep_shift=0.0, backend="auto"):
         model_path = compat.full_path("diffusion_models", model_name) or compat.full_path("checkpoints", model_name)
         if not model_path:
             raise ConfigError(f"model_name {model_name!r} is not in ComfyUI's diffusion_models or checkpoints "
@@ -106,7 +109,7 @@ class PipeTrainTrainPipeline:
         train = TrainSpec(steps=steps, epochs=float(epochs), learning_rate=float(learning_rate), scheduler=scheduler,
                           warmup_steps=warmup_steps, batch_size=batch_size, grad_accum=grad_accum, seed=seed,
                           save_every=save_every, checkpoint_every=checkpoint_every,
-                          timestep_sampling=timestep_sampling)
+                          timestep_sampling=timestep_sampling, timestep_shift=float(timestep_shift))
         launch = LaunchSpec(num_gpus=num_gpus, gpu_ids=gpu_ids.strip().replace(" ", ""),
                             backend=launcher.resolve_backend(backend))
         cuda = compat.cuda_available()

@@ -9,10 +9,12 @@ Models without an adapter still train through the generic path with pipeline_sta
 from __future__ import annotations
 
 from ..config import ConfigError
+from .flux import FluxAdapter
 from .wan import WanAdapter
 
 ADAPTERS = {
     WanAdapter.name: WanAdapter,
+    FluxAdapter.name: FluxAdapter,
 }
 
 

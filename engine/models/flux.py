@@ -1,0 +1,195 @@
+"""Flux.1 text-to-image (comfy.ldm.flux.model.Flux: dev, schnell and other plain Flux.1 files) as
+pipeline stage layers.
+
+Mirrors BaseModel._apply_model + Flux._forward/forward_orig of ComfyUI 0.3.75 for the t2i path:
+conditioning = T5 context, pooled CLIP vector (y) and, for guidance-distilled files, the guidance
+value. Refused until they are added here: Kontext reference latents, Fill/inpaint concat channels,
+attention masks, ControlNet, and the other families built on the Flux blocks (Chroma, Flux.2,
+HunyuanVideo), which have their own base-model classes and do not match.
+
+Tensors passed between stages:
+  double-block stages: img, txt, vec, pe, xt, sigma
+  single-block stages: x (= cat(txt, img)), vec, pe, xt, sigma
+The head needs xt and sigma for ComfyUI's calculate_denoised, and recovers the text length from
+x and the image-token count implied by xt's shape, so no integer tensor has to cross a stage.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..config import ConfigError
+
+# The kwargs of model.extra_conds this adapter reproduces; anything else means a variant it does not.
+_HANDLED = {"c_crossattn", "y", "guidance"}
+
+
+def _options(block_type: str, index: int, total: int) -> dict:
+    # forward_orig writes these into transformer_options before each block; attention overrides may
+    # read them, so give each call the same values (and a fresh dict: models write into it).
+    return {"block_type": block_type, "block_index": index, "total_blocks": total}
+
+
+def _join(img, txt):
+    """The step between the double and the single blocks in forward_orig."""
+    if img.dtype == torch.float16:
+        img = torch.nan_to_num(img, nan=0.0, posinf=65504, neginf=-65504)
+    return torch.cat((txt, img), 1)
+
+
+class _Embed(nn.Module):
+    def __init__(self, base, join: bool):
+        super().__init__()
+        dm = base.diffusion_model
+        # Own only the embedders (so DeepSpeed places and counts just them on this stage); the rest
+        # of the model is reached through plain references kept out of the module tree.
+        embedders = [dm.img_in, dm.time_in, dm.txt_in]
+        if dm.params.guidance_embed:
+            embedders.append(dm.guidance_in)
+        if dm.vector_in is not None:
+            embedders.append(dm.vector_in)
+        self.embedders = nn.ModuleList(embedders)
+        self.model_sampling = base.model_sampling
+        self._refs = (base, dm)
+        self.join = join  # only when the model has no double blocks
+
+    def forward(self, inputs):
+        from comfy.ldm.flux.layers import timestep_embedding
+        from comfy.model_base import convert_tensor
+
+        xt, sigma, context, y, guidance = inputs
+        (base, dm), ms = self._refs, self.model_sampling
+        # An empty y / guidance stands for "absent" (first_stage_inputs keeps the tuple fixed).
+        y = None if y.numel() == 0 else y
+        guidance = None if guidance.numel() == 0 else guidance
+
+        # BaseModel._apply_model
+        dtype = base.manual_cast_dtype or base.get_dtype()
+        xc = ms.calculate_input(sigma, xt).to(dtype)
+        device = xc.device
+        t = base.process_timestep(ms.timestep(sigma).float(), x=xt)
+        context = convert_tensor(context, dtype, device)
+        y = None if y is None else convert_tensor(y, dtype, device)
+        guidance = None if guidance is None else convert_tensor(guidance, dtype, device)
+
+        # Flux._forward
+        img, img_ids = dm.process_img(xc, transformer_options={})
+        txt_ids = torch.zeros((xc.shape[0], context.shape[1], len(dm.params.axes_dim)), device=device,
+                              dtype=torch.float32)
+
+        # Flux.forward_orig, up to the blocks
+        img = dm.img_in(img)
+        vec = dm.time_in(timestep_embedding(t, 256).to(img.dtype))
+        if dm.params.guidance_embed and guidance is not None:
+            vec = vec + dm.guidance_in(timestep_embedding(guidance, 256).to(img.dtype))
+        if dm.vector_in is not None:
+            if y is None:
+                y = torch.zeros((img.shape[0], dm.params.vec_in_dim), device=img.device, dtype=img.dtype)
+            vec = vec + dm.vector_in(y[:, :dm.params.vec_in_dim])
+        txt = dm.txt_in(context)
+        pe = dm.pe_embedder(torch.cat((txt_ids, img_ids), dim=1))
+        if self.join:
+            return _join(img, txt), vec, pe, xt, sigma
+        return img, txt, vec, pe, xt, sigma
+
+
+class _Double(nn.Module):
+    def __init__(self, block, index: int, total: int, join: bool):
+        super().__init__()
+        self.block = block
+        self.index, self.total, self.join = index, total, join
+
+    def forward(self, inputs):
+        img, txt, vec, pe, xt, sigma = inputs
+        img, txt = self.block(img=img, txt=txt, vec=vec, pe=pe, attn_mask=None,
+                              transformer_options=_options("double", self.index, self.total))
+        if self.join:  # the last double block hands the single blocks one joint sequence
+            return _join(img, txt), vec, pe, xt, sigma
+        return img, txt, vec, pe, xt, sigma
+
+
+class _Single(nn.Module):
+    def __init__(self, block, index: int, total: int):
+        super().__init__()
+        self.block = block
+        self.index, self.total = index, total
+
+    def forward(self, inputs):
+        x, vec, pe, xt, sigma = inputs
+        x = self.block(x, vec=vec, pe=pe, attn_mask=None, transformer_options=_options("single", self.index, self.total))
+        return x, vec, pe, xt, sigma
+
+
+class _Head(nn.Module):
+    def __init__(self, base):
+        super().__init__()
+        self.final_layer = base.diffusion_model.final_layer
+        self.model_sampling = base.model_sampling
+        self._dm = (base.diffusion_model,)  # for its patch size; not a submodule
+
+    def forward(self, inputs):
+        from einops import rearrange
+
+        x, vec, pe, xt, sigma = inputs
+        dm = self._dm[0]
+        p = dm.patch_size
+        h_orig, w_orig = xt.shape[-2:]
+        h_len, w_len = (h_orig + p // 2) // p, (w_orig + p // 2) // p
+        img_tokens = h_len * w_len  # no reference latents, so every image token is the target's
+        img = x[:, x.shape[1] - img_tokens:]  # forward_orig drops the text tokens (they come first)
+        out = self.final_layer(img, vec)  # vec is vec_orig: plain Flux has no global modulation
+        out = rearrange(out, "b (h w) (c ph pw) -> b c (h ph) (w pw)", h=h_len, w=w_len, ph=p, pw=p)
+        out = out[:, :, :h_orig, :w_orig]
+        denoised = self.model_sampling.calculate_denoised(sigma, out.float(), xt)
+        # DeepSpeed sends a gradient back for every float tensor a stage receives; keep pe, which
+        # the head does not use, in the graph (exactly zero contribution) so a head-only stage works.
+        return denoised + 0.0 * pe.sum().float()
+
+
+class FluxAdapter:
+    name = "flux"
+
+    @staticmethod
+    def matches(base_model) -> bool:
+        import comfy.ldm.flux.model
+        import comfy.model_base
+
+        # Exact classes: Chroma and Flux.2 subclass model_base.Flux but feed the blocks differently.
+        if type(base_model) is not comfy.model_base.Flux:
+            return False
+        dm = base_model.diffusion_model
+        return type(dm) is comfy.ldm.flux.model.Flux and not dm.params.global_modulation
+
+    @staticmethod
+    def first_stage_inputs(prepared) -> tuple[torch.Tensor, ...]:
+        kw = prepared.kwargs
+        extra = sorted(set(kw) - _HANDLED)
+        if extra:
+            what = {"ref_latents": "reference latents (Flux Kontext / ReferenceLatent)",
+                    "ref_latents_method": "reference latents (Flux Kontext / ReferenceLatent)",
+                    "c_concat": "concat channels (Flux Fill / inpaint)",
+                    "attention_mask": "an attention mask"}
+            named = sorted({what.get(k, k) for k in extra})
+            raise ConfigError(f"pipeline_stages > 1 for Flux supports plain text-to-image only; this run also "
+                              f"needs {', '.join(named)}. Set pipeline_stages to 1 for this model.")
+        xt = prepared.xt
+        # A stage's inputs are a fixed tuple of tensors (no None): an empty tensor stands for an
+        # absent pooled vector or guidance (FluxDisableGuidance), which the model then treats as None.
+        empty = xt.new_zeros((xt.shape[0], 0))
+        y = kw.get("y")
+        guidance = kw.get("guidance")
+        return (xt, prepared.sigma, kw["c_crossattn"], empty if y is None else y,
+                empty if guidance is None else guidance)
+
+    @staticmethod
+    def layers(base_model) -> list[nn.Module]:
+        dm = base_model.diffusion_model
+        if dm.img_in.weight.shape[1] != dm.params.in_channels * dm.patch_size ** 2 or \
+                dm.params.in_channels > dm.params.out_channels:
+            raise ConfigError("pipeline_stages > 1 is not available for Flux Fill / inpaint / control-LoRA models "
+                              "(extra input channels). Set pipeline_stages to 1 for this model.")
+        doubles, singles = len(dm.double_blocks), len(dm.single_blocks)
+        return [_Embed(base_model, join=doubles == 0),
+                *[_Double(b, i, doubles, join=i == doubles - 1) for i, b in enumerate(dm.double_blocks)],
+                *[_Single(b, i, singles) for i, b in enumerate(dm.single_blocks)],
+                _Head(base_model)]

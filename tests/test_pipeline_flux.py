@@ -1,0 +1,154 @@
+"""Pipeline parallelism (Flux adapter): the stage layers, run one after another, equal ComfyUI's
+apply_model bit for bit, and give the same LoRA gradients.
+
+No 2-process DeepSpeed run here (unlike tests/test_pipeline.py for Wan): ComfyUI only detects a
+Flux file at the real widths (hidden 3072), and even a 1+1-block file of that width is too slow for
+CPU tests. The stage boundaries are plain tuples of tensors, so the DeepSpeed mechanics the Wan test
+covers are the same; what is Flux-specific (the math of each stage) is checked here.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import tiny_flux
+from PipeTrain.engine.config import ConfigError, LoraSpec
+
+
+@pytest.fixture(scope="module")
+def comfy(comfy_root):
+    from PipeTrain.engine.comfy_bootstrap import import_comfy
+
+    import_comfy(comfy_root)
+
+
+def _model(guidance_embed=True):
+    from PipeTrain.engine.patches import ensure_patched
+
+    model = tiny_flux.build_base_model(guidance_embed=guidance_embed)
+    # The engine trains with the out-of-place block forwards; both paths below must run those.
+    ensure_patched(model.diffusion_model)
+    return model
+
+
+def _prepare(model, **cond_args):
+    from PipeTrain.engine.objective import DiffusionObjective
+
+    latents, conds = tiny_flux.conds(2, **cond_args)
+    return DiffusionObjective(model, seed=3).prepare(latents, conds, [0, 1])
+
+
+def _run_layers(model, prepared):
+    from PipeTrain.engine.models import adapter_for
+
+    adapter = adapter_for(model)
+    assert adapter.name == "flux"
+    acts = adapter.first_stage_inputs(prepared)
+    for layer in adapter.layers(model):
+        acts = layer(acts)
+    return acts
+
+
+CASES = {
+    "dev": dict(guidance_embed=True, cond=dict()),
+    "dev-no-guidance": dict(guidance_embed=True, cond=dict(guidance=None)),  # FluxDisableGuidance
+    "schnell": dict(guidance_embed=False, cond=dict()),
+    "no-pooled": dict(guidance_embed=True, cond=dict(pooled=False)),
+    "odd-size": dict(guidance_embed=True, cond=dict(latent=(16, 7, 9))),  # padded to the 2x2 patch, cropped
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_stage_layers_equal_comfyui_forward(comfy, case):
+    """Running the adapter's layers one after another gives apply_model's output bit for bit."""
+    model = _model(CASES[case]["guidance_embed"])
+    prepared = _prepare(model, **CASES[case]["cond"])
+    with torch.no_grad():
+        reference = model.apply_model(prepared.xt, prepared.sigma, transformer_options={}, **prepared.kwargs)
+        acts = _run_layers(model, prepared)
+    assert torch.equal(acts, reference)
+
+
+def test_stage_layers_give_comfyui_lora_gradients(comfy):
+    """With a LoRA on every block linear, backward through the layers gives apply_model's gradients."""
+    from PipeTrain.engine.lora import inject_lora
+    from PipeTrain.engine.objective import native_loss
+
+    model = _model()
+    targets = inject_lora(model.diffusion_model, LoraSpec(rank=4, targets="all_linear"))
+    assert any(t.startswith("double_blocks.") for t in targets) and any(t.startswith("single_blocks.") for t in targets)
+    lora = {n: p for n, p in model.diffusion_model.named_parameters() if p.requires_grad}
+    gen = torch.Generator().manual_seed(5)
+    with torch.no_grad():  # lora_B starts at zero, which would leave every lora_A gradient zero
+        for n, p in lora.items():
+            if "lora_B" in n:
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.1)
+    prepared = _prepare(model)
+
+    def grads(run):
+        model.zero_grad(set_to_none=True)
+        loss = native_loss(run(), prepared.x0, prepared.scale)
+        loss.backward()
+        return loss.detach(), {n: p.grad.clone() for n, p in lora.items()}
+
+    ref_loss, ref = grads(lambda: model.apply_model(prepared.xt, prepared.sigma, transformer_options={},
+                                                    **prepared.kwargs))
+    loss, got = grads(lambda: _run_layers(model, prepared))
+    assert torch.equal(loss, ref_loss)
+    assert got.keys() == ref.keys() and all(g.abs().sum() > 0 for g in ref.values())
+    for n in ref:
+        torch.testing.assert_close(got[n], ref[n], msg=n)
+
+
+def test_unsupported_flux_variants_are_refused(comfy):
+    """Kontext reference latents (and other extra conds) and Fill-style inputs get a ConfigError."""
+    from PipeTrain.engine.models import adapter_for
+
+    model = _model()
+    latents, conds = tiny_flux.conds(1)
+    conds[0]["extras"]["reference_latents"] = [torch.randn(1, *tiny_flux.LATENT)]
+    from PipeTrain.engine.objective import DiffusionObjective
+
+    prepared = DiffusionObjective(model, seed=3).prepare(latents, conds, [0])
+    with pytest.raises(ConfigError, match="Kontext"):
+        adapter_for(model).first_stage_inputs(prepared)
+
+    import comfy.supported_models
+
+    fill = comfy.supported_models.Flux(dict(tiny_flux.FLUX_CONFIG, in_channels=96)).get_model({})
+    with pytest.raises(ConfigError, match="Fill"):
+        adapter_for(fill).layers(fill)
+
+
+@pytest.mark.parametrize("family", ["chroma", "flux2"])
+def test_other_flux_block_families_have_no_adapter(comfy, family):
+    import comfy.supported_models as sm
+    from PipeTrain.engine.models import adapter_for
+
+    if family == "chroma":
+        model = sm.Chroma(dict(image_model="chroma", in_channels=64, out_channels=64, context_in_dim=48,
+                               hidden_size=64, mlp_ratio=4.0, num_heads=2, depth=1, depth_single_blocks=2,
+                               axes_dim=[8, 12, 12], theta=10000, patch_size=2, qkv_bias=True, in_dim=64,
+                               out_dim=64, hidden_dim=32, n_layers=2)).get_model({})
+    else:
+        model = sm.Flux2(dict(image_model="flux2", axes_dim=[8, 8, 8, 8], num_heads=2, mlp_ratio=3.0, theta=2000,
+                              out_channels=128, global_modulation=True, vec_in_dim=None, mlp_silu_act=True,
+                              qkv_bias=False, ops_bias=False, default_ref_method="index", ref_index_scale=10.0,
+                              in_channels=128, hidden_size=64, context_in_dim=96, patch_size=1, depth=1,
+                              depth_single_blocks=2, guidance_embed=True)).get_model({})
+    with pytest.raises(ConfigError, match="pipeline_stages > 1 is not available"):
+        adapter_for(model)
+
+
+def test_attention_preset_includes_fused_single_block_linears(comfy_root):
+    """Flux single blocks hold their attention in linear1/linear2: the attention preset must train them."""
+    from PipeTrain.engine.comfy_bootstrap import import_comfy
+    from PipeTrain.engine.config import LoraSpec
+    from PipeTrain.engine.lora import select_lora_targets
+
+    import_comfy(comfy_root)
+    model = tiny_flux.build_base_model()
+    targets = select_lora_targets(model.diffusion_model, LoraSpec(targets="attention"))
+    assert any(t.startswith("single_blocks.") and t.endswith(".linear1") for t in targets)
+    assert any(t.startswith("single_blocks.") and t.endswith(".linear2") for t in targets)
+    assert not any(t.endswith("img_mlp.0") for t in targets)
