@@ -5,7 +5,6 @@ continues an existing folder that holds a checkpoint.
 """
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -82,7 +81,3 @@ def summary_text(result: RunResult) -> str:
     verb = "trained" if result.status == "done" else "stopped (cancelled) at"
     return (f"{result.run_name}: {verb} {result.steps}/{result.total_steps} steps, final loss "
             f"{result.final_loss:.4f}\nLoRA: {result.lora_path}\nrun folder: {result.run_dir}")
-
-
-def read_run_json(run_dir: Path) -> dict:
-    return json.loads((run_dir / "run.json").read_text(encoding="utf-8"))

@@ -18,15 +18,13 @@ def build_cache(comfy_root: str, demo_base: dict) -> str:
     from PipeTrain.engine.comfy_bootstrap import import_comfy
 
     import_comfy(comfy_root)
-    import comfy.sd
-    import comfy.utils
     from PipeTrain.nodes.cache_latents import PipeTrainCacheLatents
     from PipeTrain.nodes.load_dataset import PipeTrainLoadDataset
+    from tools.tiny_assets import load_tiny_encoders
 
     models = Path(demo_base["base_dir"]) / "models"
-    vae = comfy.sd.VAE(sd=comfy.utils.load_torch_file(str(models / "vae" / demo_base["vae"])))
-    clip = comfy.sd.load_clip([str(models / "text_encoders" / demo_base["clip"])],
-                              clip_type=comfy.sd.CLIPType.STABLE_DIFFUSION)
+    vae, clip = load_tiny_encoders(str(models / "vae" / demo_base["vae"]),
+                                   str(models / "text_encoders" / demo_base["clip"]))
     (dataset,) = PipeTrainLoadDataset().load(folders=demo_base["dataset"], resolution=64, repeats=1)
     (cache,) = PipeTrainCacheLatents().cache(dataset=dataset, vae=vae, clip=clip, regenerate=False)
     return cache.cache_dir
@@ -103,3 +101,18 @@ def run_to_end(cfg: RunConfig, timeout: float = 300) -> EngineRun:
     assert rc == 0, f"engine failed with exit code {rc}:\n{run.log()}"
     assert run.of("done"), f"no 'done' event:\n{run.log()}"
     return run
+
+
+def engine_processes(marker: str) -> list[str]:
+    """Live launcher and rank processes whose command line contains `marker` (Linux /proc)."""
+    found = []
+    for pid in Path("/proc").iterdir():
+        if not pid.name.isdigit():
+            continue
+        try:
+            cmd = (pid / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if marker in cmd and "engine" in cmd and "--config" in cmd:  # launcher and ranks
+            found.append(cmd)
+    return found

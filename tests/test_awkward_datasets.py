@@ -45,16 +45,12 @@ def encoders(comfy_root, tmp_path_factory):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     import_comfy(comfy_root)
-    import comfy.sd
-    import comfy.utils
-    from tools.tiny_assets import write_tiny_clip, write_tiny_vae
+    from tools.tiny_assets import load_tiny_encoders, write_tiny_clip, write_tiny_vae
 
     d = tmp_path_factory.mktemp("models")
     write_tiny_vae(str(d / "vae.safetensors"), seed=0)
     write_tiny_clip(str(d / "clip.safetensors"), seed=0)
-    vae = comfy.sd.VAE(sd=comfy.utils.load_torch_file(str(d / "vae.safetensors")))
-    clip = comfy.sd.load_clip(ckpt_paths=[str(d / "clip.safetensors")], clip_type=comfy.sd.CLIPType.STABLE_DIFFUSION)
-    yield vae, clip
+    yield load_tiny_encoders(str(d / "vae.safetensors"), str(d / "clip.safetensors"))
     torch.set_num_threads(threads)
 
 

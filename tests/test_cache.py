@@ -42,14 +42,12 @@ def m():
 
 @pytest.fixture(scope="module")
 def encoders(comfy, tmp_path_factory):
-    from tools.tiny_assets import write_tiny_clip, write_tiny_vae
+    from tools.tiny_assets import load_tiny_encoders, write_tiny_clip, write_tiny_vae
 
     d = tmp_path_factory.mktemp("models")
     write_tiny_vae(str(d / "vae.safetensors"), seed=0)
     write_tiny_clip(str(d / "clip.safetensors"), seed=0)
-    vae = comfy.sd.VAE(sd=comfy.utils.load_torch_file(str(d / "vae.safetensors")))
-    clip = comfy.sd.load_clip(ckpt_paths=[str(d / "clip.safetensors")], clip_type=comfy.sd.CLIPType.STABLE_DIFFUSION)
-    return vae, clip
+    return load_tiny_encoders(str(d / "vae.safetensors"), str(d / "clip.safetensors"))
 
 
 class Counting:

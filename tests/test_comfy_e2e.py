@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from tools.comfy_server import ComfyError, ComfyInterrupted
+from engine_runs import engine_processes
 from tools.demo import demo_prompt
 
 pytestmark = pytest.mark.slow
@@ -37,20 +38,6 @@ def _training_only(prompt: dict) -> dict:
 
 def _run_dir(demo_base, run_name) -> Path:
     return Path(demo_base["base_dir"]) / "output" / "pipetrain" / run_name
-
-
-def _engine_processes(marker: str) -> list[str]:
-    found = []
-    for pid in Path("/proc").iterdir():
-        if not pid.name.isdigit():
-            continue
-        try:
-            cmd = (pid / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if marker in cmd and "engine" in cmd:
-            found.append(cmd)
-    return found
 
 
 def test_nodes_register_with_tooltips(comfy_server):
@@ -117,7 +104,7 @@ def test_cancel_stops_training_within_10_seconds(comfy_server, demo_base):
         comfy_server.wait(prompt_id, timeout=60)
     took = time.time() - pressed
     assert took < 10, f"Cancel took {took:.1f} s"
-    assert not _engine_processes(str(_run_dir(demo_base, "cancel_me"))), "a rank outlived Cancel"
+    assert not engine_processes(str(_run_dir(demo_base, "cancel_me"))), "a rank outlived Cancel"
     assert (_run_dir(demo_base, "cancel_me") / "checkpoints" / "latest").is_file(), "Cancel left no checkpoint"
 
 

@@ -3,7 +3,6 @@ parallelism is exact, resume repeats an uninterrupted run, Cancel and crashes en
 from __future__ import annotations
 
 import dataclasses
-import os
 import shutil
 import time
 from pathlib import Path
@@ -13,7 +12,7 @@ import torch
 from safetensors.torch import load_file
 
 from PipeTrain.engine.config import MemorySpec
-from engine_runs import EngineRun, build_cache, make_config, run_to_end, with_train
+from engine_runs import EngineRun, engine_processes, build_cache, make_config, run_to_end, with_train
 
 pytestmark = pytest.mark.slow
 
@@ -114,14 +113,5 @@ def test_a_crashing_rank_fails_the_run_with_its_error(config, cache_dir, tmp_pat
 
 def test_rank_processes_are_gone_after_runs():
     """Nothing from the runs above outlives them (no orphan rank holding memory)."""
-    mine = []
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if "-m engine --config" in cmd and "pytest-of" in cmd:
-            mine.append(cmd)
+    mine = engine_processes("pytest-of")
     assert not mine, mine

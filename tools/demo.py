@@ -43,15 +43,6 @@ def demo_prompt(assets: dict, steps: int, processes: int, run_name: str) -> dict
     return prompt
 
 
-def images_of(history: dict, server_base: Path) -> dict[str, Path]:
-    out = {}
-    for node in history["outputs"].values():
-        for img in node.get("images", []):
-            path = server_base / "output" / img.get("subfolder", "") / img["filename"]
-            out[Path(img["filename"]).stem] = path
-    return out
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=str(REPO / "demo_out"), help="folder for the ComfyUI base dir and results")
@@ -71,10 +62,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[demo] ComfyUI {server.url} up after {time.time() - t0:.1f} s; queueing the workflow")
         prompt = demo_prompt(assets, args.steps, args.processes, run_name="demo")
         history = server.wait(server.queue(prompt), timeout=1800)
+        images = {Path(p).stem: Path(p) for p in server.image_paths(history)}
     outputs = history["outputs"]
     summary = next(o["text"][0] for o in outputs.values() if o.get("text") and "LoRA:" in o["text"][0])
     saved = next(o["text"][0] for o in outputs.values() if o.get("text") and o["text"][0].startswith("saved "))
-    images = images_of(history, base)
     with_lora = next(p for k, p in images.items() if "with_lora" in k)
     without = next(p for k, p in images.items() if "without_lora" in k)
     changed = with_lora.read_bytes() != without.read_bytes()

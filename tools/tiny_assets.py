@@ -287,6 +287,17 @@ COLOURS = {
 SHAPES = ("circle", "square", "triangle", "diamond")
 
 
+def load_tiny_encoders(vae_path: str, clip_path: str):
+    """The tiny VAE and CLIP files loaded as ComfyUI's VAE and CLIP objects (what its loaders give)."""
+    _ensure_comfy()
+    import comfy.sd
+    import comfy.utils
+
+    vae = comfy.sd.VAE(sd=comfy.utils.load_torch_file(vae_path))
+    clip = comfy.sd.load_clip(ckpt_paths=[clip_path], clip_type=comfy.sd.CLIPType.STABLE_DIFFUSION)
+    return vae, clip
+
+
 def _article(word: str) -> str:
     return "an" if word[0] in "aeiou" else "a"
 
