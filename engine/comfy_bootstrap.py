@@ -9,8 +9,12 @@ import os
 import sys
 
 
-def import_comfy(comfyui_root: str, force_cpu: bool | None = None) -> None:
-    """Put `comfyui_root` first on sys.path and configure ComfyUI for headless use."""
+def import_comfy(comfyui_root: str, force_cpu: bool | None = None, pytorch_attention: bool = False) -> None:
+    """Put `comfyui_root` first on sys.path and configure ComfyUI for headless use.
+
+    pytorch_attention: use PyTorch SDPA (ComfyUI's GPU default) on the CPU too, as its
+    --use-pytorch-cross-attention flag does (FLOP counting on the meta device needs it).
+    """
     root = os.path.abspath(comfyui_root)
     if not os.path.isfile(os.path.join(root, "comfy", "sd.py")):
         raise FileNotFoundError(f"{root} is not a ComfyUI folder (no comfy/sd.py); set the ComfyUI path correctly.")
@@ -26,4 +30,6 @@ def import_comfy(comfyui_root: str, force_cpu: bool | None = None) -> None:
         force_cpu = not torch.cuda.is_available()
     comfy.cli_args.args.cpu = bool(force_cpu)
     comfy.cli_args.args.disable_smart_memory = True
+    if pytorch_attention:
+        comfy.cli_args.args.use_pytorch_cross_attention = True
     import comfy.model_management  # noqa: F401  (reads the flags above once)
