@@ -5,8 +5,10 @@
 Writes a random-init Wan model file of the requested shape (ComfyUI's own WanModel; random weights
 do the same work as trained ones) and a synthetic latent cache, then trains the same LoRA with the
 same seed three ways, each 8 samples per optimizer step, and prints step times:
-  1 GPU (grad_accum 8), 2-stage pipeline on 2 GPUs (grad_accum 8), 2-way data parallel (grad_accum 4).
-GPipe's ideal speed-up for S stages and m micro-batches is S*m/(m+S-1) (2 stages, m=8: 1.78x).
+  1 GPU (grad_accum 8), 2-stage pipeline on 2 GPUs (grad_accum 8), 2-way data parallel (grad_accum 4);
+with --gpus 4 also 2 stages x 2 data parallel (grad_accum 4) and 4 stages (grad_accum 8, --split).
+GPipe's ideal speed-up for S stages, m micro-batches and R replicas is R*S*m/(m+S-1) (2 stages, m=8: 1.78x).
+All runs see the same 8 samples per step, so their losses must match (printed per run).
 """
 from __future__ import annotations
 
@@ -71,7 +73,7 @@ def write_cache(root: Path, args) -> str:
     return str(cache)
 
 
-def run(name, model, cache, out: Path, args, gpus, stages, grad_accum):
+def run(name, model, cache, out: Path, args, gpus, stages, grad_accum, split=""):
     from PipeTrain.engine import launcher
     from PipeTrain.engine.config import LaunchSpec, LoraSpec, MemorySpec, RunConfig, TrainSpec
     from PipeTrain.engine.events import EventTail
@@ -80,8 +82,8 @@ def run(name, model, cache, out: Path, args, gpus, stages, grad_accum):
     run_dir.mkdir(parents=True, exist_ok=True)
     cfg = RunConfig(run_name=name, run_dir=str(run_dir), comfyui_root=os.environ["COMFYUI_PATH"], model_path=model,
                     cache_dir=cache, lora=LoraSpec(rank=32, targets="all_linear"),
-                    memory=MemorySpec(base_dtype="bfloat16", pipeline_stages=stages,
-                                      activation_checkpointing=args.checkpointing),
+                    memory=MemorySpec(base_dtype="bfloat16", pipeline_stages=stages, pipeline_split=split,
+                                      activation_checkpointing="on" if args.checkpointing else "off"),
                     train=TrainSpec(steps=args.steps, learning_rate=1e-4, batch_size=1, grad_accum=grad_accum, seed=0),
                     launch=LaunchSpec(num_gpus=gpus))
     cfg.save(run_dir / "run.json")
@@ -102,6 +104,14 @@ def run(name, model, cache, out: Path, args, gpus, stages, grad_accum):
             "losses": [round(e["loss"], 5) for e in steps]}
 
 
+def _lora_drift(run_a: Path, run_b: Path) -> float:
+    from safetensors.torch import load_file
+
+    a, b = (load_file(str(d / "lora" / "lora_final.safetensors")) for d in (run_a, run_b))
+    scale = max(t.float().abs().max().item() for t in b.values())
+    return max((a[k].float() - b[k].float()).abs().max().item() for k in b) / max(scale, 1e-12)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True)
@@ -112,6 +122,8 @@ def main() -> int:
     parser.add_argument("--frames", type=int, default=33)
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--checkpointing", action="store_true")
+    parser.add_argument("--gpus", type=int, default=2, choices=(2, 4), help="4: add the pipeline x data grids")
+    parser.add_argument("--split", default="", help="memory.pipeline_split for the 4-stage run (default: balanced)")
     args = parser.parse_args()
 
     _pack()  # the repository as package PipeTrain, as ComfyUI imports it
@@ -128,15 +140,28 @@ def main() -> int:
     results = [run("gpu1_gas8", str(model), cache, out, args, 1, 1, 8),
                run("pp2_gas8", str(model), cache, out, args, 2, 2, 8),
                run("dp2_gas4", str(model), cache, out, args, 2, 1, 4)]
+    if args.gpus == 4:
+        results += [run("pp2xdp2_gas4", str(model), cache, out, args, 4, 2, 4),
+                    run("pp4_gas8", str(model), cache, out, args, 4, 4, 8, args.split)]
     base = results[0]["step_s"]
     print(f"\nWan t2v random-init, dim {args.dim}, {args.layers} blocks, {args.size}x{args.size}x{args.frames}, "
           f"LoRA r32 all linears, bf16, 8 samples per step")
-    print("| run | GPUs | stages | gas | s/step | samples/s | speed-up | ideal | launch->1st step s |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    two = min(r["step_s"] for r in results if r["gpus"] == 2)
+    print("| run | GPUs | stages | gas | s/step | samples/s | speed-up vs 1 GPU | vs best 2-GPU | ideal | "
+          "% of ideal | launch->1st step s |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in results:
-        ideal = 2 * 8 / (8 + 1) if r["stages"] == 2 else float(r["gpus"])
-        print(f"| {r['run']} | {r['gpus']} | {r['stages']} | {r['grad_accum']} | {r['step_s']:.3f} | "
-              f"{r['samples_per_s']:.2f} | {base / r['step_s']:.2f}x | {ideal:.2f}x | {r['launch_to_first_step_s']:.0f} |")
+        s, m = r["stages"], r["grad_accum"]
+        ideal = (r["gpus"] // s) * s * m / (m + s - 1)
+        speed = base / r["step_s"]
+        print(f"| {r['run']} | {r['gpus']} | {s} | {m} | {r['step_s']:.3f} | {r['samples_per_s']:.2f} | "
+              f"{speed:.2f}x | {two / r['step_s']:.2f}x | {ideal:.2f}x | {100 * speed / ideal:.0f}% | "
+              f"{r['launch_to_first_step_s']:.0f} |")
+    for r in results[1:]:
+        drift = max(abs(a - b) / max(abs(a), 1e-8) for a, b in zip(r["losses"], results[0]["losses"]))
+        print(f"{r['run']}: largest relative loss difference from gpu1_gas8 {drift:.2e}")
+        print(f"{r['run']}: saved LoRA vs pp2_gas8, largest |difference| / largest |weight|: "
+              f"{_lora_drift(out / r['run'], out / 'pp2_gas8'):.2e}")
     print(json.dumps(results, indent=1))
     return 0
 

@@ -3,7 +3,7 @@
 Layout (one folder per fingerprint, so caches for other encoders/settings coexist):
 
     <first dataset folder>/.pipetrain_cache/<fingerprint>/
-        items/000000.safetensors   "latent" [C,h,w] raw VAE output (NOT process_latent_in'd:
+        items/000000.safetensors   "latent" [C,h,w] ([C,t,h,w] for a video) raw VAE output (NOT process_latent_in'd:
                                    that depends on the diffusion model, which training picks),
                                    "cond.cross_attn" [T,D], "cond.<key>" for every tensor extra of
                                    the CLIP conditioning dict, batch dim removed.
@@ -12,7 +12,9 @@ Layout (one folder per fingerprint, so caches for other encoders/settings coexis
                                    unconditionally, so the key must survive), cond_json (other
                                    JSON-able extras), cond_unbatched (tensor extras stored as-is
                                    because they had no leading batch dim of 1).
-        manifest.json              written LAST, atomically: its presence means "complete".
+        manifest.json              written LAST, atomically: its presence means "complete". Per item:
+                                   file, source, repeats, size ([w, h] trained at) and bucket
+                                   (bucket_key: which items may share a batch).
 
 Every file appears atomically (temp file + os.replace), so a cancelled run leaves only whole
 items behind and the next run resumes from them. Torch + safetensors only; no comfy import.
@@ -81,6 +83,10 @@ def fingerprint(spec: DatasetSpec, scan_items: Iterable[DatasetItem], encoder_id
     h = hashlib.sha256()
     h.update(json.dumps({"format": CACHE_FORMAT_VERSION, "preprocess": PREPROCESS_VERSION, "resolution": spec.resolution,
                          "encoders": encoder_identity}, sort_keys=True, default=str).encode())
+    if spec.bucketed:  # only then, so caches written before buckets existed keep their fingerprint
+        h.update(json.dumps({"aspect_ratios": list(spec.aspect_ratios), "extra_resolutions": list(spec.extra_resolutions),
+                             "multiple": spec.bucket_multiple, "video_frames": spec.video_frames,
+                             "frame_stride": spec.frame_stride}).encode())
     for item in scan_items:
         caption = "\0none" if item.caption is None else item.caption
         h.update(json.dumps([relative_source(spec, item.path), item.size_bytes, item.mtime_ns, caption]).encode())
@@ -179,6 +185,17 @@ def item_summary(cache_dir: str | os.PathLike, index: int) -> tuple[tuple[int, .
     return shape, sorted(keys)
 
 
+def bucket_key(cache_dir: str | os.PathLike, index: int) -> str:
+    """Which items may share a batch: the shapes of the latent and of every conditioning tensor.
+
+    Same latent size AND same caption token length (and mask/extra shapes): batches are stacked,
+    never padded, because padded text masks break several models (MODEL-NOTES.md item 7).
+    """
+    with safe_open(str(item_path(cache_dir, index)), framework="pt") as f:
+        shapes = {k: "x".join(str(d) for d in f.get_slice(k).get_shape()) for k in f.keys()}
+    return " ".join(f"{k}={shapes[k]}" for k in sorted(shapes))
+
+
 def load_cond(cache_dir: str | os.PathLike, index: int) -> tuple[torch.Tensor, dict[str, Any]]:
     """An item's conditioning as ComfyUI returned it (batch dim restored): write_item's inverse.
 
@@ -198,7 +215,8 @@ def load_cond(cache_dir: str | os.PathLike, index: int) -> tuple[torch.Tensor, d
 
 def write_manifest(cache_dir: str | os.PathLike, fp: str, spec: DatasetSpec, items: list[dict[str, Any]],
                    latent_shape: tuple[int, ...], cond_keys: list[str], encoders: Mapping[str, Any]) -> Path:
-    """items: [{"file": "items/000000.safetensors", "source": ..., "repeats": N}, ...] in cache order."""
+    """items: [{"file": "items/000000.safetensors", "source": ..., "repeats": N, "size": [w, h],
+    "bucket": bucket_key(...)}, ...] in cache order."""
     manifest = {"version": CACHE_FORMAT_VERSION, "fingerprint": fp, "count": len(items), "items": list(items),
                 "latent_shape": list(latent_shape), "cond_keys": sorted(cond_keys), "encoders": dict(encoders),
                 "dataset": spec.to_dict()}
@@ -249,6 +267,11 @@ class CachedDataset:
 
     def repeats(self, i: int) -> int:
         return int(self.items[i]["repeats"])  # the manifest's value: see fingerprint() on why
+
+    def buckets(self) -> list[str]:
+        """Per item, the key of the batches it may join (bucket_key); caches written before buckets
+        existed hold one latent size and get one key."""
+        return [str(it.get("bucket", "")) for it in self.items]
 
     def __getitem__(self, i: int) -> dict[str, Any]:
         entry = self.items[i]

@@ -16,13 +16,15 @@ Folder line syntax (the LoadDataset node's `folders` box, parsed by `parse_folde
 
 The scan never raises for a bad file: every skipped or altered file goes into grouped warnings
 naming the files and the fix; `validate` raises DatasetError only when nothing trainable is
-left. Captions: `<image stem><caption_ext>` (ignoring case if the exact name is missing); a.png
+left. Videos are scanned only when `video_frames` is set (engine/video_io.py); the size each
+file trains at comes from engine/buckets.py (`DatasetSpec.sizes_for`, `cache_entries`). Captions: `<image stem><caption_ext>` (ignoring case if the exact name is missing); a.png
 and a.jpg share a.txt, and the scan says so. Hidden files (names starting with '.') are skipped.
 """
 from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import os
 import re
 import sys
@@ -32,9 +34,12 @@ from typing import Any
 
 from PIL import Image
 
+from .buckets import bucket_sizes, kept_fraction, nearest_bucket, upscale_factor
+from .dataset_messages import WARNINGS as _WARNINGS
 from .image_io import (IMAGE_EXTENSIONS, PREPROCESS_VERSION, UNSUPPORTED_IMAGE_FORMATS, VIDEO_EXTENSIONS,  # noqa: F401
                        FolderListing, ImageReadError, caption_name, list_folder, load_image,
                        probe_image, read_caption)
+from .video_io import VideoReadError, needed_frames, probe_video
 
 DATASET_SPEC_VERSION = 1
 MIN_RESOLUTION, MAX_RESOLUTION, RESOLUTION_STEP = 64, 4096, 64
@@ -70,10 +75,33 @@ class DatasetSpec:
     resolution: int
     caption_ext: str = ".txt"
     version: int = DATASET_SPEC_VERSION
+    # engine/buckets.py: () = square only; otherwise width/height ratios, each image to the nearest
+    aspect_ratios: tuple[float, ...] = ()
+    extra_resolutions: tuple[int, ...] = ()  # every image is also trained at each of these sizes
+    bucket_multiple: int = 64  # bucket sides are rounded to this many pixels
+    video_frames: int = 0  # frames per video clip (engine/video_io.py); 0 = videos are skipped
+    frame_stride: int = 1  # take every N-th source frame
 
     def to_dict(self) -> dict[str, Any]:
         return {"folders": [f.to_dict() for f in self.folders], "resolution": self.resolution,
-                "caption_ext": self.caption_ext, "version": self.version}
+                "caption_ext": self.caption_ext, "version": self.version, "aspect_ratios": list(self.aspect_ratios),
+                "extra_resolutions": list(self.extra_resolutions), "bucket_multiple": self.bucket_multiple,
+                "video_frames": self.video_frames, "frame_stride": self.frame_stride}
+
+    @property
+    def resolutions(self) -> tuple[int, ...]:
+        return tuple(dict.fromkeys((self.resolution,) + tuple(self.extra_resolutions)))
+
+    @property
+    def bucketed(self) -> bool:
+        """Whether any setting differs from the square single-resolution default."""
+        return bool(self.aspect_ratios or self.extra_resolutions or self.video_frames) or \
+            self.bucket_multiple != RESOLUTION_STEP
+
+    def sizes_for(self, width: int, height: int) -> tuple[tuple[int, int], ...]:
+        """(width, height) this image is trained at: one per resolution."""
+        return tuple(nearest_bucket(width, height, bucket_sizes(r, self.aspect_ratios, self.bucket_multiple))
+                     for r in self.resolutions)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "DatasetSpec":
@@ -84,6 +112,11 @@ class DatasetSpec:
             raise DatasetError(f"dataset spec version {kw['version']} is newer than this PipeTrain understands "
                                f"({DATASET_SPEC_VERSION}): update PipeTrain.")
         kw["folders"] = tuple(FolderSpec.from_dict(f) for f in kw.get("folders", ()))
+        try:
+            kw["aspect_ratios"] = tuple(float(x) for x in kw.get("aspect_ratios", ()))
+            kw["extra_resolutions"] = tuple(int(x) for x in kw.get("extra_resolutions", ()))
+        except (TypeError, ValueError) as e:
+            raise DatasetError(f"dataset.aspect_ratios / extra_resolutions must be lists of numbers ({e}).") from None
         return cls(**kw)
 
     def check(self) -> None:
@@ -92,6 +125,20 @@ class DatasetSpec:
         if not (isinstance(r, int) and MIN_RESOLUTION <= r <= MAX_RESOLUTION and r % RESOLUTION_STEP == 0):
             raise DatasetError(f"resolution is {r}: use a multiple of {RESOLUTION_STEP} between {MIN_RESOLUTION} "
                                f"and {MAX_RESOLUTION} (e.g. 512 or 1024).")
+        for x in self.extra_resolutions:
+            if not (isinstance(x, int) and MIN_RESOLUTION <= x <= MAX_RESOLUTION and x % RESOLUTION_STEP == 0):
+                raise DatasetError(f"extra_resolutions lists {x}: use multiples of {RESOLUTION_STEP} between "
+                                   f"{MIN_RESOLUTION} and {MAX_RESOLUTION} (e.g. '768, 1024'), or leave it empty.")
+        if self.bucket_multiple not in (8, 16, 32, 64):
+            raise DatasetError(f"bucket_multiple is {self.bucket_multiple}: use 8, 16, 32 or 64 (64 suits every "
+                               "model; 16 for SD/SDXL/Flux/Wan 2.1, 32 for Wan 2.2 5B and LTXV).")
+        if not (isinstance(self.video_frames, int) and 0 <= self.video_frames <= 1025):
+            raise DatasetError(f"video_frames is {self.video_frames}: use 0 (skip videos) or the clip length the model "
+                               "needs, e.g. 17, 33 or 81 (4k+1) for Wan/HunyuanVideo, 25 or 49 (8k+1) for LTXV.")
+        if not (isinstance(self.frame_stride, int) and 1 <= self.frame_stride <= 100):
+            raise DatasetError(f"frame_stride is {self.frame_stride}: use a whole number from 1 (every frame) to 100.")
+        if any(not (0 < a < 100) for a in self.aspect_ratios):
+            raise DatasetError(f"aspect_ratios {list(self.aspect_ratios)}: every ratio must be a positive width/height.")
         if not self.folders:
             raise DatasetError("no dataset folders given: enter at least one folder, one per line.")
         for f in self.folders:
@@ -202,6 +249,9 @@ class DatasetItem:
     repeats: int
     size_bytes: int
     mtime_ns: int
+    width: int = 0  # as displayed (EXIF rotation applied); picks the aspect-ratio bucket
+    height: int = 0
+    frames: int = 0  # a video's frame count; 0 for an image
 
 
 @dataclass(frozen=True)
@@ -222,7 +272,7 @@ class ScanResult:
     missing_captions: MissingCaptions
     unreadable: tuple[UnreadableFile, ...]
     warnings: tuple[str, ...]
-    videos: tuple[str, ...] = ()  # skipped: video training is not supported yet
+    videos: tuple[str, ...] = ()  # skipped because video_frames is 0
 
 
 def _list_folder(folder: str) -> FolderListing:
@@ -239,10 +289,12 @@ def _list_folder(folder: str) -> FolderListing:
 def files_signature(spec: DatasetSpec) -> str:
     """Hash of names, sizes and mtimes of images and captions; no file is opened (for IS_CHANGED)."""
     h = hashlib.sha256(repr((spec.resolution, spec.caption_ext)).encode())
+    if spec.bucketed:
+        h.update(json.dumps(spec.to_dict(), sort_keys=True).encode("utf-8", "surrogateescape"))
     for folder in spec.folders:
         h.update(f"\0{folder.path}\0{folder.repeats}".encode("utf-8", "surrogateescape"))
         listing = _list_folder(folder.path)
-        for name in listing.images:
+        for name in listing.images + (listing.videos if spec.video_frames else []):
             caption = caption_name(listing, name, spec.caption_ext) or "-"
             for p in (os.path.join(folder.path, name), os.path.join(folder.path, caption)):
                 try:
@@ -251,38 +303,6 @@ def files_signature(spec: DatasetSpec) -> str:
                 except OSError:
                     h.update(f"\0{p}\0-".encode("utf-8", "surrogateescape"))
     return h.hexdigest()
-
-
-# Grouped warnings, in this order: (kind, template with {n} and {examples}).
-_WARNINGS = (
-    ("unreadable", "{n} image(s) cannot be read and are skipped: {examples}"),
-    ("videos", "{n} video file(s) are skipped: video training is not supported yet (it is planned). Extract frames "
-               "as PNG/JPEG to train on them now: {examples}"),
-    ("unsupported", "{n} file(s) are in a format PipeTrain cannot read and are skipped: {examples}"),
-    ("hidden", "{n} hidden file(s) (names starting with '.') are skipped; rename them without the leading dot to "
-               "train on them: {examples}"),
-    ("missing", "{n} image(s) have no caption file ({ext}); they train with the empty caption: {examples}"),
-    ("caption_unreadable", "{n} caption file(s) cannot be read; their images train with the empty caption: "
-                           "{examples}"),
-    ("empty_caption", "{n} caption file(s) are empty; their images train with the empty caption: {examples}"),
-    ("not_utf8", "{n} caption file(s) are not UTF-8 and were read as Windows-1252/Latin-1; check that accents look "
-                 "right, then save them as UTF-8: {examples}"),
-    ("utf16_no_bom", "{n} caption file(s) look like UTF-16 without a byte-order mark and were read as such; save "
-                     "them as UTF-8: {examples}"),
-    ("caption_case", "{n} caption file(s) match their image only when ignoring upper/lower case and are used: "
-                     "{examples}"),
-    ("shared_caption", "{n} caption file(s) are shared by images with the same name and different extensions; every "
-                       "one of those images trains with it (give each its own name and caption if they differ): "
-                       "{examples}"),
-    ("animated", "{n} animated image(s): only the first frame is trained (video training is not supported yet): "
-                 "{examples}"),
-    ("small", "{n} image(s) are smaller than the resolution ({res}) on their shorter side and are upscaled, which "
-              "looks blurry to the model; use larger images or a lower resolution: {examples}"),
-    ("aspect", "{n} image(s) are more than 3 times wider than tall (or taller than wide); only their center square "
-               "is trained, so crop them yourself to choose what is kept: {examples}"),
-    ("huge", "{n} image(s) are over Pillow's decompression-bomb warning limit ({limit} megapixels); they load, but "
-             "slowly and with a lot of memory: downscale them to speed up caching: {examples}"),
-)
 
 
 def scan_dataset(spec: DatasetSpec) -> ScanResult:
@@ -295,23 +315,28 @@ def scan_dataset(spec: DatasetSpec) -> ScanResult:
     for folder in spec.folders:
         listing = _list_folder(folder.path)
         join = lambda name: os.path.join(folder.path, name)  # noqa: E731
-        videos += [join(n) for n in listing.videos]
+        if not spec.video_frames:
+            videos += [join(n) for n in listing.videos]
         report["unsupported"] += [f"{join(n)} ({UNSUPPORTED_IMAGE_FORMATS[os.path.splitext(n)[1].lower()]})"
                                   for n in listing.unsupported]
         report["hidden"] += [join(n) for n in listing.hidden]
         users: dict[str, list[str]] = {}  # caption name -> image names using it
-        for name in listing.images:
+        for name in listing.images + (listing.videos if spec.video_frames else []):
             path = join(name)
             try:
-                info = probe_image(path)
+                info = probe_video(path) if name in listing.videos else probe_image(path)
                 st = os.stat(path)
-            except ImageReadError as e:
+            except (ImageReadError, VideoReadError) as e:
                 unreadable.append(UnreadableFile(path, str(e)))
                 continue
             except OSError as e:  # vanished or became unreadable between the probe and stat
                 unreadable.append(UnreadableFile(path, f"{path} cannot be read ({e.strerror}): check the file"))
                 continue
-            _note_image(report, path, info, spec.resolution)
+            frames = getattr(info, "frames", 0)  # VideoInfo only
+            if frames and frames < needed_frames(spec.video_frames, spec.frame_stride):
+                report["short"].append(f"{path} ({frames} frames)")
+                continue
+            _note_image(report, path, info, spec)
             cap_name = caption_name(listing, name, spec.caption_ext)
             caption = None
             if cap_name is not None:
@@ -325,12 +350,14 @@ def scan_dataset(spec: DatasetSpec) -> ScanResult:
                     report["empty_caption"].append(join(cap_name))
             else:
                 report["missing"].append(path)
-            items.append(DatasetItem(path, caption, folder.repeats, st.st_size, st.st_mtime_ns))
+            items.append(DatasetItem(path, caption, folder.repeats, st.st_size, st.st_mtime_ns, info.width, info.height,
+                                     frames))
         report["shared_caption"] += [f"{join(c)} <- {', '.join(names)}" for c, names in users.items() if len(names) > 1]
         subfolder_warnings += _subfolder_warnings(folder.path, listing)
     report["unreadable"] = [u.reason for u in unreadable]
     report["videos"] = videos
-    fill = {"ext": spec.caption_ext, "res": spec.resolution, "limit": (Image.MAX_IMAGE_PIXELS or 0) // 1_000_000}
+    fill = {"ext": spec.caption_ext, "res": spec.resolution, "limit": (Image.MAX_IMAGE_PIXELS or 0) // 1_000_000,
+            "need": needed_frames(spec.video_frames, spec.frame_stride)}
     warnings = [template.format(n=len(report[kind]), examples=_examples(report[kind]), **fill)
                 for kind, template in _WARNINGS if report[kind]]
     missing = report["missing"]
@@ -338,15 +365,18 @@ def scan_dataset(spec: DatasetSpec) -> ScanResult:
                       tuple(unreadable), tuple(warnings + subfolder_warnings), tuple(videos))
 
 
-def _note_image(report: dict[str, list[str]], path: str, info, resolution: int) -> None:
+def _note_image(report: dict[str, list[str]], path: str, info, spec: DatasetSpec) -> None:
     w, h = info.width, info.height
-    if info.animated:
+    if getattr(info, "animated", False):
         report["animated"].append(path)
-    if min(w, h) < resolution:
+    sizes = spec.sizes_for(w, h)
+    if upscale_factor(w, h, sizes[0]) > 1:  # sizes[0]: the main resolution
         report["small"].append(f"{path} ({w}x{h})")
-    if max(w, h) > 3 * min(w, h):
-        report["aspect"].append(f"{path} ({w}x{h}, {100 * min(w, h) / max(w, h):.1f}% of the picture kept)")
-    if info.huge:
+    kept = kept_fraction(w, h, sizes[0])
+    if kept < 1 / 3:
+        into = f" into {sizes[0][0]}x{sizes[0][1]}" if spec.aspect_ratios else ""
+        report["aspect"].append(f"{path} ({w}x{h}{into}, {100 * kept:.1f}% of the picture kept)")
+    if getattr(info, "huge", False):
         report["huge"].append(f"{path} ({w}x{h})")
 
 
@@ -374,9 +404,9 @@ def _examples(names: list[str]) -> str:
 def _no_images_message(folder: str, listing: FolderListing) -> str:
     join = lambda names: _examples([os.path.join(folder, n) for n in names])  # noqa: E731
     if listing.videos:
-        return (f"dataset folder {folder} holds only videos ({len(listing.videos)}: {join(listing.videos)}): video "
-                "training is not supported yet (it is planned). Add images to the folder, or extract frames from the "
-                "videos as PNG/JPEG.")
+        return (f"dataset folder {folder} holds only videos ({len(listing.videos)}: {join(listing.videos)}), and "
+                "video_frames is 0 so videos are skipped: set LoadDataset's 'video_frames' to the clip length your "
+                "model needs (e.g. 17 for Wan), or extract frames as PNG/JPEG.")
     if listing.unsupported:
         found = _examples([f"{os.path.join(folder, n)} ({UNSUPPORTED_IMAGE_FORMATS[os.path.splitext(n)[1].lower()]})"
                            for n in listing.unsupported])
@@ -393,13 +423,23 @@ def validate(spec: DatasetSpec) -> ScanResult:
     spec.check()
     for folder in spec.folders:
         listing = _list_folder(folder.path)
-        if not listing.images:
+        if not listing.images and not (spec.video_frames and listing.videos):
             raise DatasetError(_no_images_message(folder.path, listing))
     result = scan_dataset(spec)
     if not result.items:
         raise DatasetError(f"none of the dataset's {len(result.unreadable)} image file(s) can be read, so there is "
-                           "nothing to train on: " + _examples([u.reason for u in result.unreadable]) + ".")
+                           "nothing to train on: " + _examples([u.reason for u in result.unreadable]
+                                                               + [w for w in result.warnings if "video" in w]) + ".")
     return result
+
+
+def cache_entries(spec: DatasetSpec, items) -> list[tuple[DatasetItem, tuple[int, int]]]:
+    """What the cache holds, in order: each image once per resolution, at its bucket's (width, height).
+
+    With the default settings this is one square entry per image, so the cache index equals the
+    scan index (caches written before buckets existed stay valid).
+    """
+    return [(item, size) for item in items for size in spec.sizes_for(item.width, item.height)]
 
 
 def relative_source(spec: DatasetSpec, path: str) -> str:

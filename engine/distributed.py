@@ -2,18 +2,26 @@
 from __future__ import annotations
 
 import os
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
 
-def init(device_type: str) -> None:
+def init(device_type: str, timeout_s: float = 1800) -> None:
+    """Join the other ranks; every later collective fails after timeout_s without an answer (a lost node)."""
     import deepspeed
+
+    from .cluster import ClusterError, rendezvous_failure
 
     if device_type == "cpu":
         # The CPU shared-memory allreduce op would JIT-compile (~50 s) on first use; gloo is enough.
         deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
-    deepspeed.init_distributed(dist_backend="nccl" if device_type == "cuda" else "gloo")
+    try:
+        deepspeed.init_distributed(dist_backend="nccl" if device_type == "cuda" else "gloo",
+                                   timeout=timedelta(seconds=timeout_s))
+    except RuntimeError as e:  # torch's DistStoreError / DistNetworkError: say which master and what to check
+        raise ClusterError(rendezvous_failure(e, timeout_s)) from e
 
 
 def deepspeed_config(train) -> dict:

@@ -1,8 +1,9 @@
 """events.jsonl: the engine's one-way report to whoever launched it (the node, or a shell user).
 
-One JSON object per line, appended and flushed by rank 0 only. Kinds: started, step, saved,
-checkpoint, cancelled, done, error. The reader side (`EventTail`) is used by the node that
-tails a running engine; it only ever returns complete lines.
+One JSON object per line, appended and flushed by rank 0 only. Kinds: started, step, sampling,
+sample, saved, checkpoint, warning, cancelled, done, error. The reader side (`EventTail`) is used
+by the node that tails a running engine; it only ever returns complete lines. `read_events` and
+`history` read a whole run back (the UI after a page reload, the run-dir reader nodes).
 """
 from __future__ import annotations
 
@@ -56,3 +57,46 @@ class EventTail:
                 except json.JSONDecodeError:
                     continue  # a line from a killed writer: skip it rather than fail the run
         return events
+
+
+def read_events(run_dir: str | os.PathLike, start: int = 0) -> list[dict[str, Any]]:
+    """Every complete event of a run, from byte offset `start` (a relaunch's first byte)."""
+    tail = EventTail(run_dir)
+    tail.offset = start
+    return tail.read_new()
+
+
+def history(events: list[dict[str, Any]]) -> dict[str, Any]:
+    """A run's events condensed for plots and the UI.
+
+    steps: [[step, loss, lr, time], ...] (a resumed run's repeated steps keep the newest value);
+    samples: [{"step", "path", "prompts"}, ...]; status: what the run is doing or how it ended
+    (loading, training, sampling, done, cancelled, failed); reason: the error or warning text.
+    """
+    steps: dict[int, list] = {}
+    samples: list[dict[str, Any]] = []
+    out: dict[str, Any] = {"total": 0, "status": "loading", "reason": "", "warnings": []}
+    for ev in events:
+        kind = ev.get("event")
+        if "total" in ev:
+            out["total"] = int(ev["total"])
+        if kind == "started":
+            out["status"] = "training"
+        elif kind == "step" and isinstance(ev.get("loss"), (int, float)):
+            steps[int(ev["step"])] = [int(ev["step"]), float(ev["loss"]), float(ev.get("lr", 0.0)),
+                                      float(ev.get("time", 0.0))]
+            out["status"] = "training"
+        elif kind == "sampling":
+            out["status"] = "sampling"
+        elif kind == "sample":
+            samples.append({"step": int(ev["step"]), "path": ev.get("path", ""), "prompts": ev.get("prompts", [])})
+            out["status"] = "training"
+        elif kind == "warning":
+            out["warnings"].append(ev.get("message", ""))
+        elif kind in ("done", "cancelled"):
+            out["status"] = kind
+        elif kind == "error":
+            out["status"], out["reason"] = "failed", ev.get("message", "")
+    out["steps"] = [steps[k] for k in sorted(steps)]
+    out["samples"] = samples
+    return out

@@ -95,11 +95,11 @@ def _sniff(path: str) -> str | None:
             return "a HEIC/HEIF photo"
         if brand in (b"avif", b"avis"):
             return "an AVIF image"
-        return "a video (MP4/MOV); video training is not supported yet"
+        return "a video (MP4/MOV); rename it with its video extension and set video_frames"
     if head.startswith(b"\x1a\x45\xdf\xa3"):
-        return "a video (WebM/MKV); video training is not supported yet"
+        return "a video (WebM/MKV); rename it with its video extension and set video_frames"
     if head.startswith(b"RIFF") and head[8:12] == b"AVI ":
-        return "a video (AVI); video training is not supported yet"
+        return "a video (AVI); rename it with its video extension and set video_frames"
     if low.startswith((b"<!doctype html", b"<html")):
         return "a web page (HTML), probably a failed download"
     if low.startswith(b"<svg") or (low.startswith(b"<?xml") and b"<svg" in low):
@@ -246,10 +246,11 @@ def caption_name(listing: FolderListing, image_name: str, caption_ext: str) -> s
 
 # ---- loading one image for the VAE ---------------------------------------------------------
 
-def load_image(path: str, resolution: int) -> np.ndarray:
-    """Decode, orient, convert to RGB, cut the center square, resize it to `resolution`.
+def load_image(path: str, resolution: int | tuple[int, int]) -> np.ndarray:
+    """Decode, orient, convert to RGB, cut the center part of the target's shape, resize it.
 
-    Returns float32 [resolution, resolution, 3] in 0..1 (ComfyUI's IMAGE layout without batch).
+    `resolution` is a side length (a square) or a (width, height) bucket (engine/buckets.py).
+    Returns float32 [height, width, 3] in 0..1 (ComfyUI's IMAGE layout without batch).
     Raises ImageReadError (message names the file and the fix) for anything that fails.
     """
     _check_file(path)  # outside the try: its messages already name the file
@@ -264,11 +265,12 @@ def load_image(path: str, resolution: int) -> np.ndarray:
         raise ImageReadError(describe_error(path, e)) from None
 
 
-def _decode(im: Image.Image, resolution: int) -> np.ndarray:
+def _decode(im: Image.Image, resolution: int | tuple[int, int]) -> np.ndarray:
+    size = (resolution, resolution) if isinstance(resolution, int) else tuple(resolution)
     im.seek(0)  # animated GIF/WebP/PNG: the first frame
     if im.format == "JPEG":
-        # decode at a reduced scale (still >= resolution on both sides): big photos load fast
-        im.draft("RGB", (resolution, resolution))
+        # decode at a reduced scale (still >= the target on both sides): big photos load fast
+        im.draft("RGB", (max(size), max(size)))
     im.load()  # decode errors must surface here, not inside the EXIF step's fallback below
     try:
         im = ImageOps.exif_transpose(im)
@@ -276,10 +278,10 @@ def _decode(im: Image.Image, resolution: int) -> np.ndarray:
         pass
     if im.mode in _HIGH_BIT_MODES:
         # float planes keep 16-bit precision through the resize instead of rounding to 8 bits
-        plane = _resize_crop(_high_bit_to_float(im), resolution)
+        plane = _resize_crop(_high_bit_to_float(im), size)
         arr = np.repeat(np.asarray(plane, dtype=np.float32)[..., None], 3, axis=-1)
     else:
-        arr = np.asarray(_resize_crop(_to_rgb8(im), resolution), dtype=np.float32) / 255.0
+        arr = np.asarray(_resize_crop(_to_rgb8(im), size), dtype=np.float32) / 255.0
     # LANCZOS overshoots a little around hard edges; the VAE expects 0..1
     return np.clip(arr, 0.0, 1.0)
 
@@ -309,16 +311,21 @@ def _to_rgb8(im: Image.Image) -> Image.Image:
                              "it as 8-bit RGB PNG or JPEG") from None
 
 
-def _resize_crop(im: Image.Image, resolution: int) -> Image.Image:
+def _resize_crop(im: Image.Image, size: tuple[int, int]) -> Image.Image:
     w, h = im.size
-    side = min(w, h)
-    if side == resolution:  # already the right size: a plain crop, no resampling
-        left, top = (w - side) // 2, (h - side) // 2
-        return im.crop((left, top, left + side, top + side))
-    left, top = (w - side) / 2, (h - side) / 2
-    # The box selects the center square in source pixels; the filter still reads the pixels just
+    tw, th = size
+    # the largest centered box of the target's aspect ratio (a square for tw == th)
+    if w * th >= h * tw:
+        cw, ch = h * tw / th, h
+    else:
+        cw, ch = w, w * th / tw
+    if (cw, ch) == (tw, th):  # already the right size: a plain crop, no resampling
+        left, top = (w - tw) // 2, (h - th) // 2
+        return im.crop((left, top, left + tw, top + th))
+    left, top = (w - cw) / 2, (h - ch) / 2
+    # The box selects the center part in source pixels; the filter still reads the pixels just
     # outside it, so the result matches resizing the whole image and cropping afterwards.
-    return im.resize((resolution, resolution), Image.Resampling.LANCZOS, box=(left, top, left + side, top + side))
+    return im.resize((tw, th), Image.Resampling.LANCZOS, box=(left, top, left + cw, top + ch))
 
 
 # ---- captions ------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Optimizers and learning-rate schedules, chosen by name from small registries."""
+"""Optimizers (by name, from the registry in engine/optimizers/) and learning-rate schedules."""
 from __future__ import annotations
 
 import math
@@ -6,29 +6,10 @@ from typing import Callable
 
 import torch
 
-from .config import ConfigError, TrainSpec
+from .config import TrainSpec
+from .optimizers import OPTIMIZERS, build_optimizer, param_groups
 
-
-def _adamw(params: list[torch.nn.Parameter], train: TrainSpec) -> torch.optim.Optimizer:
-    # Weight decay only on matrices: decaying 1-D tensors (biases, norms) hurts and is not standard.
-    decay = [p for p in params if p.ndim >= 2]
-    no_decay = [p for p in params if p.ndim < 2]
-    groups = [{"params": decay, "weight_decay": train.weight_decay}]
-    if no_decay:
-        groups.append({"params": no_decay, "weight_decay": 0.0})
-    # A torch optimizer, not DeepSpeed's "Adam": that one JIT-builds FusedAdam (~1 min on CPU).
-    return torch.optim.AdamW(groups, lr=train.learning_rate, betas=(0.9, 0.999), eps=1e-8)
-
-
-OPTIMIZERS: dict[str, Callable[[list[torch.nn.Parameter], TrainSpec], torch.optim.Optimizer]] = {
-    "adamw": _adamw,
-}
-
-
-def build_optimizer(name: str, params: list[torch.nn.Parameter], train: TrainSpec) -> torch.optim.Optimizer:
-    if name not in OPTIMIZERS:
-        raise ConfigError(f"optimizer {name!r} is not available: choose one of {', '.join(OPTIMIZERS)}.")
-    return OPTIMIZERS[name](params, train)
+__all__ = ["OPTIMIZERS", "build_optimizer", "param_groups", "lr_multiplier", "build_scheduler"]
 
 
 def lr_multiplier(scheduler: str, warmup: int, total: int) -> Callable[[int], float]:

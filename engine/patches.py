@@ -193,7 +193,14 @@ def missing_patches(diffusion_model) -> list[str]:
 def ensure_patched(diffusion_model) -> list[str]:
     """The engine's one call before wrapping blocks: install every copy this ComfyUI allows, and
     raise UpstreamChanged, naming each function, if this model would still run an in-place block
-    whose copy had to be skipped. Models without such blocks install nothing. Returns installed()."""
+    whose copy had to be skipped. Models without such blocks install nothing. Returns installed().
+
+    Every model's blocks also get engine/patches_guard.py's one-shot check, which stops training
+    with a clear error if a block PipeTrain has no copy of (a newer ComfyUI's) writes into its input.
+    """
+    from .patches_guard import guard_blocks
+
+    guard_blocks(diffusion_model)
     if not needs_patch(diffusion_model):
         return installed()
     install(strict=False)

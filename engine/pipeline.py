@@ -13,12 +13,13 @@ gradients with single-process ones at gas 1, 4 and 8, which catches any such sca
 """
 from __future__ import annotations
 
+import sys
 from typing import Iterator
 
 import torch
 import torch.distributed as tdist
 
-from .config import ConfigError, RunConfig
+from .config import ConfigError, RunConfig, split_points
 from .data import SampleStream, collate
 from .distributed import deepspeed_config
 from .objective import DiffusionObjective, native_loss
@@ -27,7 +28,6 @@ from .objective import DiffusionObjective, native_loss
 def build_engine(cfg: RunConfig, model, objective: DiffusionObjective, optimizer_factory, scheduler_factory):
     """The PipelineEngine for this rank's stage. Returns (engine, adapter)."""
     import deepspeed
-    from deepspeed.pipe import PipelineModule
 
     from .models import adapter_for
 
@@ -37,8 +37,14 @@ def build_engine(cfg: RunConfig, model, objective: DiffusionObjective, optimizer
         raise ConfigError(f"{world} processes cannot be split into {stages} pipeline stages: use a number of GPUs "
                           f"divisible by pipeline_stages ({stages}).")
     adapter = adapter_for(model)
-    module = PipelineModule(layers=[_BoundarySafe(layer) for layer in adapter.layers(model)], num_stages=stages,
-                            loss_fn=lambda out, labels: native_loss(out, *labels), partition_method="parameters")
+    layers = [_BoundarySafe(layer) for layer in adapter.layers(model)]
+    parts = stage_bounds(cfg.memory.pipeline_split, stages, len(layers))
+    module = _split_pipeline_module()(parts, layers=layers, num_stages=stages,
+                                      loss_fn=lambda out, labels: native_loss(out, *labels),
+                                      partition_method="manual" if parts else "parameters")
+    start, stop = module.parts[module.stage_id], module.parts[module.stage_id + 1]
+    print(f"pipeline stage {module.stage_id + 1}/{stages}: layers {start}-{stop - 1} of {len(layers)} "
+          f"({'memory.pipeline_split' if parts else 'balanced by parameter count'})", file=sys.stderr, flush=True)
     params = [p for p in module.parameters() if p.requires_grad]
     if not params:
         raise ConfigError(f"pipeline stage {module.stage_id} holds no LoRA weights with these LoRA targets "
@@ -52,6 +58,39 @@ def build_engine(cfg: RunConfig, model, objective: DiffusionObjective, optimizer
     if not engine.is_last_stage():
         engine._scale_wrt_gas = False
     return engine, adapter
+
+
+def stage_bounds(split: str, stages: int, layer_count: int) -> list[int] | None:
+    """DeepSpeed's `parts` ([0, start of stage 2, ..., layer_count]) from memory.pipeline_split, or
+    None to let DeepSpeed balance the stages by parameter count."""
+    points = split_points(split, stages)
+    if not points:
+        return None
+    if points[-1] >= layer_count:
+        raise ConfigError(f"memory.pipeline_split {split!r}: this model has {layer_count} pipeline layers (0 = "
+                          f"embedding, 1..{layer_count - 2} = blocks, {layer_count - 1} = head), so every split point "
+                          f"must be between 1 and {layer_count - 1}. Lower the indices or leave it empty.")
+    return [0, *points, layer_count]
+
+
+def _split_pipeline_module():
+    from deepspeed.pipe import PipelineModule
+
+    class SplitPipelineModule(PipelineModule):
+        """PipelineModule that also takes the stage boundaries as given (partition_method 'manual')."""
+
+        def __init__(self, parts, **kwargs):
+            self._manual_parts = parts  # read by _partition_layers during PipelineModule.__init__
+            super().__init__(**kwargs)
+
+        def _partition_layers(self, method="uniform"):
+            if method != "manual":
+                return super()._partition_layers(method)
+            self.parts = list(self._manual_parts)
+            stage = self._topo.get_coord(self.global_rank).pipe
+            self._set_bounds(start=self.parts[stage], stop=self.parts[stage + 1])
+
+    return SplitPipelineModule
 
 
 class _BoundarySafe(torch.nn.Module):
@@ -87,7 +126,8 @@ def micro_batches(cfg: RunConfig, engine, adapter, objective: DiffusionObjective
         latents, conds, ids = collate(dataset, stream, positions, device)
         prepared = objective.prepare(latents, conds, ids)
         inputs = tuple(x.contiguous() for x in adapter.first_stage_inputs(prepared))
-        yield inputs, (prepared.x0.contiguous(), prepared.scale.contiguous())
+        labels = (prepared.x0, prepared.scale) + (() if prepared.weight is None else (prepared.weight,))
+        yield inputs, tuple(x.contiguous() for x in labels)  # weight: a denoise mask, as native_loss takes it
 
 
 def gather_lora(module: torch.nn.Module, names: dict[int, str]) -> dict[str, torch.Tensor] | None:

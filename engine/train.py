@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from . import cluster_checks
 from . import distributed as dist
 from .config import RunConfig
 from .events import EventLog
@@ -49,7 +50,7 @@ def main(config_path: str) -> int:
     import_comfy(cfg.comfyui_root)
     device_type = "cuda" if torch.cuda.is_available() else "cpu"
     if cfg.launch.backend == "deepspeed":
-        dist.init(device_type)
+        dist.init(device_type, cfg.launch.cluster.timeout_s)
     if device_type == "cuda":
         torch.cuda.set_device(dist.local_rank())
         device = torch.device("cuda", dist.local_rank())
@@ -57,9 +58,10 @@ def main(config_path: str) -> int:
         device = torch.device("cpu")
     events = EventLog(cfg.run_dir, enabled=dist.rank() == 0)
     try:
+        cluster_checks.check_agreement(cfg)  # every node: same versions, run.json, files and checkpoint
         return train(cfg, device, events)
     except BaseException as e:  # report every failure before the launcher sees the exit code
-        EventLog(cfg.run_dir).emit("error", rank=dist.rank(), message=f"{type(e).__name__}: {e}",
+        EventLog(cfg.run_dir).emit("error", rank=dist.rank(), message=cluster_checks.failure_message(e, cfg),
                                    traceback=traceback.format_exc(limit=20))
         raise
 
@@ -68,7 +70,7 @@ def train(cfg: RunConfig, device: torch.device, events: EventLog) -> int:
     from .cache_format import CachedDataset
     from .data import SampleStream, collate, steps_for_epochs
     from .lora import inject_lora, lora_parameters, lora_state_dict, lora_tensors
-    from .memory import enable_activation_checkpointing
+    from .memory import apply_memory_options
     from .model_loading import ModelLoadError, latent_channels, load_base_model
     from .objective import DiffusionObjective, apply_timestep_shift
     from .optim import build_optimizer, build_scheduler
@@ -81,7 +83,8 @@ def train(cfg: RunConfig, device: torch.device, events: EventLog) -> int:
 
     # ---- data -------------------------------------------------------------------------
     dataset = CachedDataset(cfg.cache_dir)
-    stream = SampleStream([dataset.repeats(i) for i in range(len(dataset))], seed=t.seed)
+    stream = SampleStream([dataset.repeats(i) for i in range(len(dataset))], seed=t.seed, buckets=dataset.buckets(),
+                          batch=t.batch_size)  # batches never mix aspect buckets or caption lengths
     replicas = world // cfg.memory.pipeline_stages  # data-parallel copies of the model
     samples_per_step = t.batch_size * t.grad_accum * replicas
     total_steps = t.steps if t.steps > 0 else steps_for_epochs(t.epochs, len(stream), samples_per_step)
@@ -99,9 +102,10 @@ def train(cfg: RunConfig, device: torch.device, events: EventLog) -> int:
             f"{latent_channels(model)}: cache the dataset with this model's VAE.")
     torch.manual_seed(t.seed)  # peft draws lora_A's initial values from the global RNG
     targets = inject_lora(model.diffusion_model, cfg.lora)
-    if cfg.memory.activation_checkpointing:
-        enable_activation_checkpointing(model.diffusion_model)
-    objective = DiffusionObjective(model, seed=t.seed, timestep_sampling=t.timestep_sampling)
+    # Checkpointing, block swap, compile; places the model on the device unless pipelined.
+    memory = apply_memory_options(model, cfg.memory, None if pipelined else device)
+    objective = DiffusionObjective(model, seed=t.seed, timestep_sampling=t.timestep_sampling,
+                                   t_range=(t.min_t, t.max_t))
     if pipelined:
         from . import pipeline
 
@@ -115,7 +119,8 @@ def train(cfg: RunConfig, device: torch.device, events: EventLog) -> int:
         params = lora_parameters(model.diffusion_model)
         optimizer = build_optimizer(cfg.memory.optimizer, params, t)
         scheduler = build_scheduler(optimizer, t, total_steps)
-        engine = _build_engine(cfg, objective, optimizer, scheduler)
+        with memory.hidden():  # DeepSpeed moves the whole model to the GPU: not the swapped blocks
+            engine = _build_engine(cfg, objective, optimizer, scheduler)
 
     # ---- resume -----------------------------------------------------------------------
     ckpt_root = run_dir / "checkpoints"
@@ -129,10 +134,13 @@ def train(cfg: RunConfig, device: torch.device, events: EventLog) -> int:
                              f"{signature}: resume with the same model and LoRA settings, or start a new run.")
         start_step = int(client["step"])
 
+    layout = cluster_checks.rank_layout(engine, pipelined)  # node, stage and replica of every rank
     events.emit("started", step=start_step, total=total_steps, world_size=world, device=str(device),
                 lora_targets=len(targets), trainable_params=sum(p.numel() for p in params),
-                samples=len(stream), setup_seconds=round(time.time() - launched, 2))
+                samples=len(stream), setup_seconds=round(time.time() - launched, 2), ranks=layout)
     tb = _tensorboard(run_dir) if rank == 0 else None
+    from .sampling import SampleRenderer
+    renderer = SampleRenderer.create(cfg, model, device, events, rank)  # samples with the current LoRA (rank 0)
     meta = _lora_metadata(cfg, dataset.fingerprint)
 
     def save_lora(name: str, step: int) -> None:
@@ -149,10 +157,11 @@ def train(cfg: RunConfig, device: torch.device, events: EventLog) -> int:
 
     def save_checkpoint(step: int) -> None:
         tag = f"step{step:06d}"
-        engine.save_checkpoint(str(ckpt_root), tag=tag, client_state={"step": step, "signature": signature},
-                               exclude_frozen_parameters=True)
-        if rank == 0:
+        cluster_checks.save_checkpoint(engine, ckpt_root, tag, {"step": step, "signature": signature},
+                                       deepspeed=cfg.launch.backend == "deepspeed")
+        if dist.local_rank() == 0:  # every node prunes its own copy (no shared filesystem needed)
             _prune_checkpoints(ckpt_root, keep=KEEP_CHECKPOINTS)
+        if rank == 0:
             events.emit("checkpoint", step=step, path=str(ckpt_root / tag))
 
     # ---- loop ---------------------------------------------------------------------------
@@ -178,10 +187,12 @@ def train(cfg: RunConfig, device: torch.device, events: EventLog) -> int:
         step += 1
         loss = dist.mean(sum(micro_losses) / len(micro_losses), device)
         events.emit("step", step=step, total=total_steps, loss=loss, lr=lr,
-                    seconds=round(time.time() - started, 4))
+                    seconds=round(time.time() - started, 4), **_gpu_memory(device))
         if tb is not None:
             tb.add_scalar("train/loss", loss, step)
             tb.add_scalar("train/lr", lr, step)
+        if renderer is not None:
+            renderer.maybe_render(step, total_steps, stop.requested)
         if t.save_every and step % t.save_every == 0 and step < total_steps:
             save_lora(f"lora_step{step:06d}.safetensors", step)
         cancel = dist.any_true(stop.requested(), device)
@@ -250,6 +261,14 @@ def _tensorboard(run_dir: Path):
     except ImportError:  # tensorboard is optional for headless use
         return None
     return SummaryWriter(log_dir=str(run_dir / "tensorboard"))
+
+
+def _gpu_memory(device: torch.device) -> dict[str, float]:
+    """Peak GPU memory so far (GiB), for the UI and the benchmarks; nothing on the CPU."""
+    if device.type != "cuda":
+        return {}
+    return {"peak_gib": round(torch.cuda.max_memory_allocated(device) / 2**30, 3),
+            "reserved_gib": round(torch.cuda.max_memory_reserved(device) / 2**30, 3)}
 
 
 def _close(tb) -> None:

@@ -1,8 +1,10 @@
 """PipeTrain's ComfyUI nodes (V1 API). Thin classes: validation and I/O; training is in engine/."""
 from .cache_latents import PipeTrainCacheLatents
+from .cluster import PipeTrainCluster
 from .configure_lora import PipeTrainConfigureLoRA
 from .load_dataset import PipeTrainLoadDataset
 from .memory_options import PipeTrainMemoryOptions
+from .run_plots import PipeTrainLossPlot, PipeTrainSampleGrid
 from .save_lora import PipeTrainSaveLoRA
 from .train_pipeline import PipeTrainTrainPipeline
 
@@ -12,7 +14,10 @@ NODE_CLASS_MAPPINGS = {
     "PipeTrainConfigureLoRA": PipeTrainConfigureLoRA,
     "PipeTrainMemoryOptions": PipeTrainMemoryOptions,
     "PipeTrainTrainPipeline": PipeTrainTrainPipeline,
+    "PipeTrainCluster": PipeTrainCluster,
     "PipeTrainSaveLoRA": PipeTrainSaveLoRA,
+    "PipeTrainLossPlot": PipeTrainLossPlot,
+    "PipeTrainSampleGrid": PipeTrainSampleGrid,
 }
 
 NODE_DISPLAY_NAME_MAPPINGS = {
@@ -21,5 +26,8 @@ NODE_DISPLAY_NAME_MAPPINGS = {
     "PipeTrainConfigureLoRA": "PipeTrain Configure LoRA",
     "PipeTrainMemoryOptions": "PipeTrain Memory Options",
     "PipeTrainTrainPipeline": "PipeTrain Train Pipeline",
+    "PipeTrainCluster": "PipeTrain Cluster (multi-node)",
     "PipeTrainSaveLoRA": "PipeTrain Save LoRA",
+    "PipeTrainLossPlot": "PipeTrain Loss Plot",
+    "PipeTrainSampleGrid": "PipeTrain Sample Grid",
 }

@@ -6,14 +6,17 @@ so re-running is free, a cancelled run resumes, and a different VAE/CLIP gets it
 """
 from __future__ import annotations
 
+import json
 import logging
 import os
 import time
 
-from ..engine.cache_format import (CACHE_FOLDER, CacheError, CacheSpec, cache_dir_for, fingerprint, item_done,
-                                   item_path, item_summary, load_cond, remove_cache, write_item, write_manifest)
-from ..engine.dataset import DatasetSpec, relative_source, validate
+from ..engine.cache_format import (CACHE_FOLDER, CachedDataset, CacheError, CacheSpec, bucket_key, cache_dir_for, fingerprint,
+                                   item_done, item_path, item_summary, load_cond, remove_cache, write_item,
+                                   write_manifest)
+from ..engine.dataset import DatasetSpec, cache_entries, relative_source, validate
 from ..engine.image_io import ImageReadError, describe_error, load_image
+from ..engine.video_io import VideoReadError, load_video
 from . import compat
 from .encoder_identity import encoder_identity
 from .types import CACHE, DATASET
@@ -24,6 +27,42 @@ log = logging.getLogger("PipeTrain")
 # scheduled conditioning at sampling time, which has no meaning for a cached training caption.
 _NOT_DATA_KEYS = ("hooks",)
 FAILURES_SHOWN = 5
+_FIRST_FRAME_KEYS = ("concat_latent_image", "concat_mask")
+
+
+def find_trusted_cache(dataset: DatasetSpec, identity: dict) -> CacheSpec | None:
+    """The newest complete cache for these encoders and dataset settings, found without touching the
+    dataset's files (only the cache folder's manifests are read)."""
+    root = os.path.join(dataset.folders[0].path, CACHE_FOLDER)
+    want_dataset = json.loads(json.dumps(dataset.to_dict()))
+    want_encoders = json.loads(json.dumps(identity, default=str))
+    best = None
+    for name in (os.listdir(root) if os.path.isdir(root) else []):
+        try:
+            ds = CachedDataset(os.path.join(root, name))
+        except (CacheError, OSError, KeyError):
+            continue  # incomplete or damaged: not trusted
+        if ds.manifest.get("dataset") == want_dataset and ds.manifest.get("encoders") == want_encoders:
+            mtime = os.path.getmtime(os.path.join(root, name, "manifest.json"))
+            if best is None or mtime > best[0]:
+                best = (mtime, ds.spec())
+    return None if best is None else best[1]
+
+
+def first_frame_extras(vae, clip_pixels, latent) -> dict:
+    """ComfyUI's WanImageToVideo conditioning for a clip whose first frame is given.
+
+    The frames after the first are 0.5 grey, as in the node; the latent stays raw (extra_conds
+    calls process_latent_in itself, MODEL-NOTES item 6). The mask is 0 on the first latent frame.
+    """
+    import torch
+
+    image = torch.full_like(clip_pixels, 0.5)
+    image[:1] = clip_pixels[:1]
+    concat = vae.encode(image)
+    mask = torch.ones((1, 1, latent.shape[2], concat.shape[-2], concat.shape[-1]), dtype=concat.dtype)
+    mask[:, :, :1] = 0.0
+    return {"concat_latent_image": concat, "concat_mask": mask}
 
 
 def _text(value: str) -> str:
@@ -67,15 +106,37 @@ class PipeTrainCacheLatents:
             "regenerate": ("BOOLEAN", {"default": False,
                                        "tooltip": "Delete this dataset's cache for these encoders and encode everything "
                                                   "again. Leave off: changed files are detected automatically."}),
+        }, "optional": {
+            "first_frame_conditioning": ("BOOLEAN", {
+                "default": False,
+                "tooltip": "Image-to-video training (Wan 2.1/2.2 I2V style): each video clip's first frame is also "
+                           "encoded as ComfyUI's WanImageToVideo does (first frame + grey frames -> "
+                           "concat_latent_image, with concat_mask 0 on that frame), so the model learns to continue "
+                           "a given first frame. Only affects videos."}),
+            "trust_cache": ("BOOLEAN", {
+                "default": False,
+                "tooltip": "For very large datasets: skip checking every file and reuse the newest complete cache made "
+                           "with these encoders and dataset settings, even if files changed since. Turn off (or use "
+                           "regenerate) after adding or editing files."}),
         }}
 
-    def cache(self, dataset: DatasetSpec, vae, clip, regenerate: bool):
+    def cache(self, dataset: DatasetSpec, vae, clip, regenerate: bool, first_frame_conditioning: bool = False,
+              trust_cache: bool = False):
         import torch
 
+        identity = encoder_identity(vae, clip)
+        if first_frame_conditioning:  # part of the fingerprint: such a cache holds more tensors
+            identity = {**identity, "first_frame_conditioning": True}
+        if trust_cache and not regenerate:
+            trusted = find_trusted_cache(dataset, identity)
+            if trusted is not None:
+                log.info("PipeTrain CacheLatents: trust_cache is on, reusing %s without checking the files",
+                         trusted.cache_dir)
+                return (trusted,)
+            log.info("PipeTrain CacheLatents: trust_cache is on but no complete cache matches; checking every file")
         scan = validate(dataset)
         for warning in scan.warnings:
             log.warning("PipeTrain CacheLatents: %s", warning)
-        identity = encoder_identity(vae, clip)
         fp = fingerprint(dataset, scan.items, identity)
         cache_dir = cache_dir_for(dataset, fp)
         _writable_cache_root(dataset)
@@ -83,7 +144,8 @@ class PipeTrainCacheLatents:
             log.info("PipeTrain CacheLatents: regenerate is on, deleting %s", cache_dir)
             remove_cache(cache_dir)
 
-        total = len(scan.items)
+        entries = cache_entries(dataset, scan.items)  # each image once per resolution, at its bucket size
+        total = len(entries)
         pbar = compat.progress_bar(total)
         # identical captions are encoded once per run; later ones copy the first item's stored
         # conditioning from disk rather than keeping every caption's tensors in memory
@@ -92,7 +154,7 @@ class PipeTrainCacheLatents:
         failed: list[str] = []
         skipped_keys: set[str] = set()
         start = time.monotonic()
-        for index, item in enumerate(scan.items):
+        for index, (item, size) in enumerate(entries):
             # Cancel in the UI lands here; finished items are already on disk, so the next run resumes.
             compat.raise_if_interrupted()
             if item_done(cache_dir, index):
@@ -101,8 +163,11 @@ class PipeTrainCacheLatents:
                 continue
             caption = item.caption or ""
             try:
-                pixels = torch.from_numpy(load_image(item.path, dataset.resolution)).unsqueeze(0)
-            except ImageReadError as e:  # passed the scan but fails to decode fully (e.g. damaged pixel data)
+                if item.frames:  # a video: [frames, H, W, 3], which ComfyUI's video VAEs encode as one clip
+                    pixels = torch.from_numpy(load_video(item.path, size, dataset.video_frames, dataset.frame_stride))
+                else:
+                    pixels = torch.from_numpy(load_image(item.path, size)).unsqueeze(0)
+            except (ImageReadError, VideoReadError) as e:  # passed the scan but fails to decode fully (e.g. damaged pixel data)
                 failed.append(str(e))
                 pbar.update(1)
                 continue
@@ -112,11 +177,18 @@ class PipeTrainCacheLatents:
                 continue
             with torch.inference_mode():  # no autograd graph: encoders are frozen here
                 latent = vae.encode(pixels)
+                if item.frames and latent.ndim != 5:
+                    raise CacheError(f"the VAE encoded the video {item.path} as {latent.shape[0]} separate images "
+                                     f"(latent {tuple(latent.shape)}): it is an image VAE. Connect the VAE of a video "
+                                     "model (Wan, HunyuanVideo, LTXV...), or set LoadDataset's video_frames to 0.")
                 if caption in caption_item:
                     cond, extras = load_cond(cache_dir, caption_item[caption])
                 else:
                     cond, extras = clip.encode_from_tokens_scheduled(clip.tokenize(caption))[0]
                     extras = {k: v for k, v in extras.items() if k not in _NOT_DATA_KEYS}
+                extras = {k: v for k, v in extras.items() if k not in _FIRST_FRAME_KEYS}  # per item, not per caption
+                if first_frame_conditioning and item.frames:
+                    extras.update(first_frame_extras(vae, pixels, latent))
             try:
                 skipped_keys.update(write_item(cache_dir, index, latent, cond, extras,
                                                _text(relative_source(dataset, item.path)), caption, item.repeats))
@@ -140,8 +212,8 @@ class PipeTrainCacheLatents:
                              f"on: {failures or '?'}.")
         latent_shape, cond_keys = item_summary(cache_dir, done[0])
         items = [{"file": item_path(cache_dir, i).relative_to(cache_dir).as_posix(),
-                  "source": _text(relative_source(dataset, scan.items[i].path)), "repeats": scan.items[i].repeats}
-                 for i in done]
+                  "source": _text(relative_source(dataset, entries[i][0].path)), "repeats": entries[i][0].repeats,
+                  "size": list(entries[i][1]), "bucket": bucket_key(cache_dir, i)} for i in done]
         try:
             write_manifest(cache_dir, fp, dataset, items, latent_shape, cond_keys, identity)
         except OSError as e:

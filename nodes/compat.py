@@ -97,3 +97,32 @@ def load_lora_onto_model(model, lora_path: str, strength: float):
     lora = comfy.utils.load_torch_file(lora_path, safe_load=True)
     patched, _ = comfy.sd.load_lora_for_models(model, None, lora, strength, 0)
     return patched
+
+
+def prompt_server():
+    """ComfyUI's PromptServer (browser messages, HTTP routes), or None outside a ComfyUI server."""
+    try:
+        from server import PromptServer
+
+        return PromptServer.instance
+    except Exception:  # imported outside ComfyUI, or no server was started (tests, tooling)
+        return None
+
+
+def sampler_names() -> list[str]:
+    """ComfyUI's sampler and scheduler names, as KSampler lists them."""
+    try:
+        import comfy.samplers
+
+        return list(comfy.samplers.KSampler.SAMPLERS)
+    except Exception:  # outside ComfyUI
+        return ["euler"]
+
+
+def scheduler_names() -> list[str]:
+    try:
+        import comfy.samplers
+
+        return list(comfy.samplers.KSampler.SCHEDULERS)
+    except Exception:  # outside ComfyUI
+        return ["simple"]

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import logging
 
-from ..engine.dataset import DatasetError, DatasetSpec, parse_folder_lines, files_signature, validate
+from ..engine.buckets import BucketError, parse_aspect_ratios, parse_resolutions
+from ..engine.dataset import DatasetError, DatasetSpec, cache_entries, parse_folder_lines, files_signature, validate
 from . import compat
 from .types import DATASET
 
@@ -18,8 +19,8 @@ _FOLDERS_TOOLTIP = (
     "absolute paths work too, quoted or not. Add ' | repeats=N' after a folder to show its images N times per "
     "epoch (e.g. 'cats | repeats=3'); lines without it use the 'repeats' input. Each image's caption is the .txt "
     "file with the same name (a.png -> a.txt; a.png and a.jpg would share it); images without one train with an "
-    "empty caption. Reads PNG, JPEG, WebP, BMP, TIFF, GIF (animated: first frame), AVIF. Videos, hidden files "
-    "(.name) and subfolders are skipped, with a warning in the console. Lines starting with # are ignored."
+    "empty caption. Reads PNG, JPEG, WebP, BMP, TIFF, GIF (animated: first frame), AVIF, and videos (MP4, WebM, "
+    "MOV, MKV, AVI...) when video_frames is set. Hidden files (.name) and subfolders are skipped, with a warning in the console. Lines starting with # are ignored."
 )
 
 
@@ -31,12 +32,48 @@ def _input_dir() -> str | None:
         return None
 
 
-def build_spec(folders: str, resolution: int, repeats: int) -> DatasetSpec:
+_ASPECT_TOOLTIP = (
+    "Aspect-ratio buckets. Empty: every image is center-cropped to a square (resolution x resolution). 'auto': 9 "
+    "shapes from 1:2 to 2:1 with about resolution x resolution pixels each; or list ratios, e.g. '1:1, 4:3, 3:4, "
+    "16:9, 9:16'. Each image goes to the shape nearest its own, is resized to cover it and center-cropped; a batch "
+    "only ever holds one shape (and one caption length), so batch_size > 1 works.")
+_RESOLUTIONS_TOOLTIP = (
+    "More training sizes, e.g. '768, 1024' (multiples of 64): every image is also cached and trained at each of them "
+    "(multi-resolution training), so an epoch has that many more samples. Empty: only 'resolution'.")
+_MULTIPLE_TOOLTIP = (
+    "Bucket sides are rounded to this many pixels. 64 suits every model; 16 is enough for SD1.5/SDXL/Flux/Wan 2.1, "
+    "32 for Wan 2.2 5B and LTXV. Only matters with aspect_ratios.")
+
+
+_FRAMES_TOOLTIP = (
+    "Frames per video clip; 0 skips videos. Use the count your video model needs: 4k+1 (17, 33, 49, 81) for Wan and "
+    "HunyuanVideo, 8k+1 (25, 49, 97) for LTXV. Each video trains on one clip from its start; videos shorter than "
+    "a clip are skipped and listed. Needs the video model's VAE in CacheLatents.")
+_STRIDE_TOOLTIP = ("Take every N-th frame of the video (2 halves a 30 fps video to 15 fps, so a clip spans twice the "
+                   "time). Only matters with video_frames.")
+
+
+def build_spec(folders: str, resolution: int, repeats: int, aspect_ratios: str = "", extra_resolutions: str = "",
+               bucket_multiple: int = 64, video_frames: int = 0, frame_stride: int = 1) -> DatasetSpec:
     if not (isinstance(repeats, int) and repeats >= 1):
         raise DatasetError(f"repeats is {repeats}: use a whole number of 1 or more.")
-    spec = DatasetSpec(folders=parse_folder_lines(folders, _input_dir(), repeats), resolution=int(resolution))
+    try:
+        ratios, extra = parse_aspect_ratios(aspect_ratios), parse_resolutions(extra_resolutions)
+    except BucketError as e:
+        raise DatasetError(str(e)) from None
+    spec = DatasetSpec(folders=parse_folder_lines(folders, _input_dir(), repeats), resolution=int(resolution),
+                       aspect_ratios=ratios, extra_resolutions=extra, bucket_multiple=int(bucket_multiple),
+                       video_frames=int(video_frames), frame_stride=int(frame_stride))
     spec.check()
     return spec
+
+
+def bucket_report(spec: DatasetSpec, items) -> str:
+    """'512x512: 10, 640x384: 3' - how many cached samples each training size gets (without repeats)."""
+    counts: dict[tuple[int, int], int] = {}
+    for _, size in cache_entries(spec, items):
+        counts[size] = counts.get(size, 0) + 1
+    return ", ".join(f"{w}x{h}: {n}" for (w, h), n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
 
 
 class PipeTrainLoadDataset:
@@ -62,25 +99,40 @@ class PipeTrainLoadDataset:
                                 "tooltip": "How many times each image is seen per epoch, for folder lines that do not "
                                            "set their own ' | repeats=N'. Use it to balance small folders against "
                                            "large ones."}),
+        }, "optional": {
+            "aspect_ratios": ("STRING", {"default": "", "tooltip": _ASPECT_TOOLTIP}),
+            "extra_resolutions": ("STRING", {"default": "", "tooltip": _RESOLUTIONS_TOOLTIP}),
+            "bucket_multiple": ("INT", {"default": 64, "min": 8, "max": 64, "step": 8, "tooltip": _MULTIPLE_TOOLTIP}),
+            "video_frames": ("INT", {"default": 0, "min": 0, "max": 1025, "tooltip": _FRAMES_TOOLTIP}),
+            "frame_stride": ("INT", {"default": 1, "min": 1, "max": 100, "tooltip": _STRIDE_TOOLTIP}),
         }}
 
     @classmethod
-    def IS_CHANGED(cls, folders, resolution, repeats):
+    def IS_CHANGED(cls, folders, resolution, repeats, aspect_ratios="", extra_resolutions="", bucket_multiple=64,
+                   video_frames=0, frame_stride=1):
         # Names, sizes and mtimes only (no decoding): cheap enough to run on every queue, and any
         # added, edited or re-captioned file makes ComfyUI run the node (and CacheLatents) again.
         try:
-            return files_signature(build_spec(folders, resolution, repeats))
+            return files_signature(build_spec(folders, resolution, repeats, aspect_ratios, extra_resolutions,
+                                              bucket_multiple, video_frames, frame_stride))
         except (DatasetError, OSError):
             return float("nan")  # never equal to itself: run the node, which reports the error
 
-    def load(self, folders, resolution, repeats):
-        spec = build_spec(folders, resolution, repeats)
+    def load(self, folders, resolution, repeats, aspect_ratios="", extra_resolutions="", bucket_multiple=64,
+             video_frames=0, frame_stride=1):
+        spec = build_spec(folders, resolution, repeats, aspect_ratios, extra_resolutions, bucket_multiple,
+                          video_frames, frame_stride)
         result = validate(spec)
         for warning in result.warnings:
             log.warning("PipeTrain LoadDataset: %s", warning)
-        images = len(result.items)
+        images = sum(1 for item in result.items if not item.frames)
+        if spec.video_frames:
+            log.info("PipeTrain LoadDataset: %d video(s) of %d frame(s) per clip (stride %d).",
+                     len(result.items) - images, spec.video_frames, spec.frame_stride)
         seen = sum(item.repeats for item in result.items)
         log.info("PipeTrain LoadDataset: %d image(s) in %d folder(s), %d per epoch with repeats, %d without caption, "
                  "%d unreadable and %d video(s) skipped.", images, len(spec.folders), seen,
                  result.missing_captions.count, len(result.unreadable), len(result.videos))
+        if spec.bucketed:
+            log.info("PipeTrain LoadDataset: samples per training size: %s", bucket_report(spec, result.items))
         return (spec,)

@@ -1,13 +1,24 @@
 """PipeTrainMemoryOptions: how training trades speed for memory. Defaults give a working run."""
 from __future__ import annotations
 
-from ..engine.config import BASE_DTYPES, OPTIMIZERS, MemorySpec
+from ..engine import config as _config
+from ..engine.config import BASE_DTYPES, CHECKPOINTING, OPTIMIZERS, MemorySpec
 from .types import MEMORY
+
+_LEGACY_CHECKPOINTING = {True: "on", False: "off"}  # the input was a BOOLEAN in saved workflows
+
+
+def _optimizer_tooltip() -> str:
+    notes = getattr(_config, "OPTIMIZER_NOTES", {})
+    lines = [f"{name}: {notes[name]}" for name in OPTIMIZERS if name in notes]
+    return "Optimizer for the LoRA weights." + ("\n" + "\n".join(lines) if lines else
+                                                " AdamW keeps two fp32 values per LoRA weight, small next to the base model.")
 
 
 class PipeTrainMemoryOptions:
     CATEGORY = "PipeTrain"
-    DESCRIPTION = "Memory and speed options for training. The defaults work for small models."
+    DESCRIPTION = ("Memory and speed options for training. The defaults work for small models; for a 14B video "
+                   "model on a 24 GB card combine checkpointing, block swap and an fp8 base (docs/memory.md).")
     RETURN_TYPES = (MEMORY,)
     RETURN_NAMES = ("memory",)
     FUNCTION = "configure"
@@ -16,25 +27,64 @@ class PipeTrainMemoryOptions:
     def INPUT_TYPES(cls):
         return {
             "required": {
-                "activation_checkpointing": ("BOOLEAN", {"default": False, "tooltip":
-                                             "Recompute each block's activations during backward instead of keeping "
-                                             "them: much less memory for large images/videos, about 30% slower."}),
-                "optimizer": (list(OPTIMIZERS), {"default": "adamw", "tooltip":
-                              "Optimizer for the LoRA weights. AdamW keeps two fp32 values per LoRA weight, small "
-                              "next to the base model."}),
+                "activation_checkpointing": (list(CHECKPOINTING), {"default": "off", "tooltip":
+                    "Per-block activation checkpointing. off: fastest, keeps every activation (most memory). "
+                    "on: keeps only each block's input and recomputes the block in backward: far less memory for "
+                    "large images/videos, about 30% slower. cpu_offload: like on, and those block inputs wait in "
+                    "CPU RAM (copied in the background): saves a further block input per block (GBs for long "
+                    "videos) for a few % more time."}),
+                "optimizer": (list(OPTIMIZERS), {"default": "adamw", "tooltip": _optimizer_tooltip()}),
                 "base_dtype": (list(BASE_DTYPES), {"default": "auto", "tooltip":
-                               "Precision of the frozen base model. 'auto' uses what ComfyUI would pick on this "
-                               "device; bfloat16 halves the memory of a float32 model."}),
+                    "Precision of the frozen base model. auto: what ComfyUI picks on this device. bfloat16/float16 "
+                    "halve a float32 model. float8_e4m3fn / float8_e5m2 halve it again: the block linears' weights "
+                    "are stored in fp8 and cast per layer (a little slower, slightly less precise); norms, biases, "
+                    "embeddings and heads stay in the compute precision. A ComfyUI fp8_scaled file trains as it is "
+                    "whatever this says. Use with activation checkpointing, or the cast copies are kept until "
+                    "backward."}),
                 "pipeline_stages": ("INT", {"default": 1, "min": 1, "max": 64, "tooltip":
-                                    "Split the model across this many GPUs (pipeline parallelism; needs DeepSpeed). "
-                                    "1 = every GPU holds the whole model and trains on its own batches. More stages "
-                                    "fit bigger models; the GPU count must be divisible by it. Families with a "
-                                    "pipeline adapter: Wan (text-to-video), Flux.1 (text-to-image)."}),
-            }
+                    "Split the model across this many GPUs (pipeline parallelism; needs DeepSpeed). "
+                    "1 = every GPU holds the whole model and trains on its own batches. More stages "
+                    "fit bigger models; the GPU count must be divisible by it. Families with a "
+                    "pipeline adapter: Wan 2.1/2.2 (text- and image-to-video), Flux.1 (text-to-image, Kontext)."}),
+            },
+            "optional": {
+                "block_swap": ("INT", {"default": 0, "min": 0, "max": 1000, "tooltip":
+                    "Keep the frozen weights of this many transformer blocks (the last ones) in pinned CPU RAM and "
+                    "stream each to the GPU just before it runs, forward and backward. Saves one block's weights "
+                    "per block swapped (Wan 14B bf16: ~0.7 GB each); costs CPU RAM and PCIe traffic, mostly hidden "
+                    "behind compute when blocks are large (expect 0-30% slower; more if the GPU waits for PCIe). "
+                    "LoRA weights stay on the GPU. Needs pipeline_stages 1; at most the model's block count."}),
+                "compile_blocks": ("BOOLEAN", {"default": False, "tooltip":
+                    "torch.compile each transformer block (attention stays eager): ~1.3x faster steps on "
+                    "large models after a first step that compiles for tens of seconds to minutes; memory about "
+                    "the same. Needs a working compiler toolchain (Triton on GPU)."}),
+                "pipeline_split": ("STRING", {"default": "", "tooltip":
+                    "Where pipeline stages start, as layer indices separated by commas (pipeline_stages - 1 of "
+                    "them, increasing). Layer 0 is the embedding, 1..N the transformer blocks, N+1 the head; "
+                    "e.g. '21' puts the embedding and blocks 0-19 on GPU 1 of 2. Empty: stages balanced by "
+                    "parameter count. Use it when the first or last GPU runs out of memory (docs/pipeline.md)."}),
+                "expandable_segments": ("BOOLEAN", {"default": False, "tooltip":
+                    "Start the training processes with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True: less "
+                    "memory lost to fragmentation (can be the difference between fitting and out-of-memory with "
+                    "varying image sizes or block swap); no speed cost in most runs."}),
+            },
         }
 
-    def configure(self, activation_checkpointing, optimizer, base_dtype, pipeline_stages):
-        spec = MemorySpec(activation_checkpointing=bool(activation_checkpointing), optimizer=optimizer,
-                          base_dtype=base_dtype, pipeline_stages=int(pipeline_stages))
+    @classmethod
+    def VALIDATE_INPUTS(cls, activation_checkpointing):
+        # Workflows saved while this input was a BOOLEAN hold true/false: still accepted.
+        if activation_checkpointing in CHECKPOINTING or activation_checkpointing in _LEGACY_CHECKPOINTING:
+            return True
+        return (f"activation_checkpointing is {activation_checkpointing!r}: choose one of "
+                f"{', '.join(CHECKPOINTING)}.")
+
+    def configure(self, activation_checkpointing, optimizer, base_dtype, pipeline_stages, block_swap=0,
+                  compile_blocks=False, expandable_segments=False, pipeline_split=""):
+        mode = _LEGACY_CHECKPOINTING.get(activation_checkpointing, activation_checkpointing) \
+            if isinstance(activation_checkpointing, bool) else activation_checkpointing
+        spec = MemorySpec(activation_checkpointing=mode, optimizer=optimizer, base_dtype=base_dtype,
+                          pipeline_stages=int(pipeline_stages), block_swap=int(block_swap),
+                          compile_blocks=bool(compile_blocks), expandable_segments=bool(expandable_segments),
+                          pipeline_split=str(pipeline_split or "").strip())
         spec.validate()
         return (spec,)

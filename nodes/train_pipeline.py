@@ -15,13 +15,17 @@ from pathlib import Path
 from ..engine import launcher
 from ..engine.config import BACKENDS, SCHEDULERS, TIMESTEP_SAMPLING, ConfigError, LaunchSpec, RunConfig, TrainSpec
 from ..engine.events import EventTail
-from . import compat
+from ..engine.sampling import unsupported_reason
+from . import compat, ui_feed
+from .cluster import announce_other_nodes, cluster_input, launch_cluster
 from .runs import RESUME_LATEST, RESUME_OFF, RunResult, new_run_dir, resumable_runs, resume_run_dir, summary_text
+from .train_samples import SampleDecoder, parse_prompts, sample_spec, write_prompt_file
 from .types import CACHE, LORA, MEMORY, RUN
 
 CANCEL_GRACE_S = 7.0  # the engine checkpoints and exits within this; then the group is killed
 POLL_S = 0.25
 _running: set = set()  # launcher processes alive in this ComfyUI, ended if ComfyUI exits
+ui_feed.register_routes()  # GET /pipetrain/run_state: a reloaded page redraws a running node
 
 
 @atexit.register
@@ -58,8 +62,9 @@ class PipeTrainTrainPipeline:
                           "Optimizer steps to train (in total, when resuming). 0 = use epochs instead."}),
                 "epochs": ("FLOAT", {"default": 0.0, "min": 0.0, "max": 100000.0, "step": 0.5, "tooltip":
                            "Passes over the dataset (with repeats); used only when steps is 0."}),
-                "learning_rate": ("FLOAT", {"default": 1e-4, "min": 1e-7, "max": 0.1, "step": 1e-5,
-                                  "round": False, "tooltip": "Peak learning rate. 1e-4 is a common LoRA start."}),
+                "learning_rate": ("FLOAT", {"default": 1e-4, "min": 1e-7, "max": 10.0, "step": 1e-5,
+                                  "round": False, "tooltip": "Peak learning rate. 1e-4 is a common LoRA start "
+                                  "for the AdamW optimizers; prodigy wants 1.0, adafactor ~1e-2."}),
                 "scheduler": (list(SCHEDULERS), {"default": "constant", "tooltip":
                               "Learning-rate shape after warmup: constant, linear decay to 0, or cosine."}),
                 "warmup_steps": ("INT", {"default": 0, "min": 0, "max": 100000, "tooltip":
@@ -96,12 +101,18 @@ class PipeTrainTrainPipeline:
                 "backend": (["auto", *BACKENDS], {"default": "auto", "tooltip":
                             "auto = DeepSpeed when it is installed, else one plain PyTorch process (1 GPU; e.g. "
                             "Windows). plain works without DeepSpeed but only on one GPU."}),
+                "cluster": cluster_input(),
+                **_sample_inputs(),
             },
+            "hidden": {"unique_id": "UNIQUE_ID"},
         }
 
     def train(self, model_name, cache, lora, memory, steps, epochs, learning_rate, scheduler, warmup_steps,
               batch_size, grad_accum, seed, save_every, checkpoint_every, num_gpus, run_name, resume,
-              gpu_ids="", timestep_sampling="uniform", timestep_shift=0.0, backend="auto"):
+              gpu_ids="", timestep_sampling="uniform", timestep_shift=0.0, backend="auto", clip=None, vae=None,
+              cluster=None, sample_prompts="", sample_negative="", sample_every=100, sample_width=512, sample_height=512,
+              sample_steps=20, sample_cfg=1.0, sample_seed=0, sample_sampler="euler", sample_scheduler="simple",
+              unique_id=None):
         model_path = compat.full_path("diffusion_models", model_name) or compat.full_path("checkpoints", model_name)
         if not model_path:
             raise ConfigError(f"model_name {model_name!r} is not in ComfyUI's diffusion_models or checkpoints "
@@ -111,7 +122,7 @@ class PipeTrainTrainPipeline:
                           save_every=save_every, checkpoint_every=checkpoint_every,
                           timestep_sampling=timestep_sampling, timestep_shift=float(timestep_shift))
         launch = LaunchSpec(num_gpus=num_gpus, gpu_ids=gpu_ids.strip().replace(" ", ""),
-                            backend=launcher.resolve_backend(backend))
+                            backend=launcher.resolve_backend(backend), cluster=launch_cluster(cluster))
         cuda = compat.cuda_available()
         if cuda:
             import torch
@@ -123,6 +134,13 @@ class PipeTrainTrainPipeline:
                                   "or fix gpu_ids.")
         train.validate()
         launch.validate()
+        prompts = parse_prompts(sample_prompts)
+        notice = unsupported_reason(memory.pipeline_stages) if prompts else ""
+        samples = None if notice else sample_spec(prompts, clip, vae, sample_every, sample_width, sample_height,
+                                                  sample_steps, sample_cfg, sample_seed, sample_sampler,
+                                                  sample_scheduler)
+        if notice:
+            compat.log.warning("[PipeTrain] %s", notice)
 
         cfg = RunConfig(run_name=run_name.strip(), run_dir="", comfyui_root=compat.comfyui_root(),
                         model_path=model_path, cache_dir=cache.cache_dir, lora=lora, memory=memory, train=train,
@@ -131,11 +149,52 @@ class PipeTrainTrainPipeline:
         output = compat.output_directory()
         run_dir = new_run_dir(output, cfg.run_name) if resume == RESUME_OFF else resume_run_dir(output, resume)
         cfg = dataclasses.replace(cfg, run_name=run_dir.name, run_dir=str(run_dir))
+        if samples is not None:  # encoded with the graph's CLIP now; the engine never loads a text encoder
+            samples = dataclasses.replace(samples, prompts_file=write_prompt_file(str(run_dir), prompts,
+                                                                                  sample_negative, clip))
+            cfg = RunConfig.from_dict(dataclasses.replace(cfg, sample=samples).to_dict())
         config_path = run_dir / "run.json"
         cfg.save(config_path)
+        announce_other_nodes(cfg, str(config_path))  # several machines: checked now, what to start on the others
 
         compat.free_accelerator_memory()
-        return relay(cfg, str(config_path), cuda, model_name)
+        return relay(cfg, str(config_path), cuda, model_name, node_id=unique_id, vae=vae if samples else None,
+                     notice=notice)
+
+
+def _sample_inputs() -> dict:
+    """Optional inputs for samples during training (all off until sample_prompts has a line)."""
+    return {
+        "clip": ("CLIP", {"tooltip": "The graph's text encoder (the one given to CacheLatents); it encodes the "
+                                     "sample prompts before training starts. Needed only for samples."}),
+        "vae": ("VAE", {"tooltip": "The graph's VAE; it decodes the samples into images while training runs. "
+                                   "Needed only for samples."}),
+        "sample_prompts": ("STRING", {"default": "", "multiline": True, "tooltip":
+                           "Prompts to sample while training, one per line (empty = no samples). Each is rendered "
+                           "with the current LoRA every sample_every steps and at the end; the newest show on "
+                           "this node, all of them are kept in the run folder (samples/) and TensorBoard."}),
+        "sample_negative": ("STRING", {"default": "", "tooltip": "Negative prompt for the samples (used when "
+                                                                 "sample_cfg > 1)."}),
+        "sample_every": ("INT", {"default": 100, "min": 1, "max": 10_000_000, "tooltip":
+                         "Render the sample prompts every N training steps (and after the last step). Sampling "
+                         "pauses training on all GPUs while it runs."}),
+        "sample_width": ("INT", {"default": 512, "min": 16, "max": 8192, "step": 8, "tooltip":
+                         "Width of the sample images in pixels."}),
+        "sample_height": ("INT", {"default": 512, "min": 16, "max": 8192, "step": 8, "tooltip":
+                          "Height of the sample images in pixels."}),
+        "sample_steps": ("INT", {"default": 20, "min": 1, "max": 1000, "tooltip":
+                         "Sampler steps per sample image."}),
+        "sample_cfg": ("FLOAT", {"default": 1.0, "min": 0.0, "max": 100.0, "step": 0.1, "round": 0.01, "tooltip":
+                       "Classifier-free guidance for the samples: 1 = none (fastest; right for Flux-style "
+                       "distilled models); SD1.5/SDXL usually 5-7."}),
+        "sample_seed": ("INT", {"default": 0, "min": 0, "max": 2**31 - 1, "control_after_generate": False,
+                                "tooltip": "Noise seed of the samples; the same for every sampling, so the "
+                                           "images show what the LoRA changed."}),
+        "sample_sampler": (compat.sampler_names(), {"default": "euler", "tooltip":
+                           "ComfyUI sampler used for the samples (as in KSampler)."}),
+        "sample_scheduler": (compat.scheduler_names(), {"default": "simple", "tooltip":
+                             "ComfyUI scheduler used for the samples (as in KSampler)."}),
+    }
 
 
 def _output_dir_or_empty() -> str:
@@ -145,9 +204,14 @@ def _output_dir_or_empty() -> str:
         return os.devnull
 
 
-def relay(cfg: RunConfig, config_path: str, cuda: bool, model_name: str):
-    """Run the launcher to completion, mirroring its events on ComfyUI's progress bar."""
+def relay(cfg: RunConfig, config_path: str, cuda: bool, model_name: str, node_id: str | None = None, vae=None,
+          notice: str = ""):
+    """Run the launcher to completion, mirroring its events on ComfyUI's progress bar and the node's UI."""
     tail = EventTail(cfg.run_dir, start_at_end=True)  # a resumed run's old events are history
+    feed = ui_feed.RunFeed(node_id, cfg.run_name, cfg.run_dir, cfg.train.steps, tail.offset)
+    if notice:
+        feed.event({"event": "warning", "message": notice})
+    decoder = SampleDecoder(cfg.run_dir, vae) if vae is not None and cfg.sample.every else None
     proc = launcher.spawn(cfg, config_path, cuda)
     _running.add(proc)
     bar = compat.progress_bar(max(1, cfg.train.steps))
@@ -158,12 +222,17 @@ def relay(cfg: RunConfig, config_path: str, cuda: bool, model_name: str):
             alive = proc.poll() is None
             for ev in tail.read_new():
                 kind = ev.get("event")
+                feed.event(ev)
                 if kind in ("started", "step", "cancelled", "done"):
                     last.update({k: ev[k] for k in ("step", "total", "loss") if k in ev})
                     # ComfyUI's progress hook raises its interrupt exception here once Cancel is pressed.
                     bar.update_absolute(last["step"], last["total"])
                 if kind == "step":
                     _log_progress(cfg.run_name, last, started)
+                elif kind == "sample" and decoder is not None:
+                    _show_samples(decoder, feed, bar, ev, last)
+                elif kind == "warning":
+                    compat.log.warning("[PipeTrain] %s: %s", cfg.run_name, ev.get("message", ""))
                 elif kind in ("done", "cancelled"):
                     finished = ev
                 elif kind == "error" and not error_message:
@@ -173,15 +242,22 @@ def relay(cfg: RunConfig, config_path: str, cuda: bool, model_name: str):
             compat.raise_if_interrupted()
             time.sleep(POLL_S)
     except compat.InterruptProcessingException:
+        feed.status("stopping")
         _cancel(proc, cfg.run_dir)
+        for ev in tail.read_new():  # the engine's last step, checkpoint and 'cancelled' events
+            feed.event(ev)
+        feed.status("cancelled")
         raise
     finally:
         if proc.poll() is None:
             launcher.kill_tree(proc)
         _running.discard(proc)
+        if decoder is not None:
+            decoder.close()
 
     if proc.returncode != 0 or finished is None:
         hint = error_message or "see the log above; the full log is train.log in the run folder"
+        feed.status("failed", hint if error_message else f"exit code {proc.returncode}: {hint}")
         raise RuntimeError(
             f"PipeTrain training failed (exit code {proc.returncode}) in {cfg.run_dir}.\nCause: {hint}\n"
             f"Last lines of train.log:\n{launcher.log_tail(cfg.run_dir, 40)}")
@@ -191,7 +267,27 @@ def relay(cfg: RunConfig, config_path: str, cuda: bool, model_name: str):
                        total_steps=int(last["total"]), final_loss=float(last["loss"]), model_name=model_name,
                        status=status)
     text = summary_text(result)
-    return {"ui": {"text": [text]}, "result": (result, text)}
+    feed.status(status)
+    ui = {"text": [text]}
+    if decoder is not None and decoder.latest:
+        ui["images"] = decoder.latest  # the newest samples stay on the node as its preview
+    return {"ui": ui, "result": (result, text)}
+
+
+def _show_samples(decoder: SampleDecoder, feed: ui_feed.RunFeed, bar, event: dict, last: dict) -> None:
+    """Decode a sample event's latents with the graph's VAE; show the first as the node's preview."""
+    try:
+        refs = decoder.decode(event)
+    except compat.InterruptProcessingException:
+        raise  # Cancel pressed while decoding (ComfyUI's VAE checks for it): the relay cancels the run
+    except Exception as e:  # noqa: BLE001 - a sample that cannot be decoded must not stop training
+        message = f"could not decode the samples of step {event.get('step')} with the connected VAE ({e})"
+        compat.log.warning("[PipeTrain] %s", message)
+        feed.event({"event": "warning", "step": event.get("step"), "message": message})
+        return
+    feed.samples(int(event["step"]), refs, list(event.get("prompts", [])))
+    if decoder.latest_pil is not None:
+        bar.update_absolute(last["step"], last["total"], ("JPEG", decoder.latest_pil, 512))
 
 
 def _cancel(proc, run_dir: str) -> None:

@@ -8,3 +8,4 @@ CACHE = "PIPETRAIN_CACHE"  # engine.cache_format.CacheSpec
 LORA = "PIPETRAIN_LORA"
 MEMORY = "PIPETRAIN_MEMORY"
 RUN = "PIPETRAIN_RUN"
+CLUSTER = "PIPETRAIN_CLUSTER"  # engine.config.ClusterSpec

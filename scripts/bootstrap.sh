@@ -58,4 +58,8 @@ if [ "$(cat "$STAMP" 2>/dev/null)" != "$WANT" ]; then
   "$VPY" -m pip install -q --disable-pip-version-check -c "$VENV/constraints.txt" -r "$ROOT/requirements.txt" -r "$ROOT/requirements-dev.txt"
   echo "$WANT" > "$STAMP"
 fi
+# 3. iproute2 for the multi-node tests (network namespaces): installed with apt where missing
+bash "$ROOT/scripts/ensure_iproute2.sh"
+# 4. node, Chromium and playwright-core for the browser tests (tests/test_ui_browser.py)
+bash "$ROOT/scripts/ui_deps.sh"
 echo "$COMFY"

@@ -267,7 +267,7 @@ def test_broken_files_are_skipped_by_name(tmp_path, encoders, logs):
     for needle in ["zero.png is empty (0 bytes): copy it again",
                    "trunc.png is cut off", "trunc.jpg is cut off", "trunc.gif is cut off",
                    "random.png is not an image Pillow can read (the content does not match the .png name",
-                   "clip.png is really a video (MP4/MOV); video training is not supported yet",
+                   "clip.png is really a video (MP4/MOV); rename it with its video extension",
                    "x.png is a folder, not an image file", "dangling.png is a broken link",
                    "loop.png is a broken link", "pipe.png is not a regular file"]:
         assert needle in reasons, needle
@@ -394,17 +394,17 @@ def test_odd_names_and_shared_stems(tmp_path, encoders, logs):
 
 # ---- videos --------------------------------------------------------------------------------
 
-def test_videos_are_not_supported_yet(tmp_path, logs):
+def test_videos_are_skipped_without_video_frames(tmp_path, logs):
     kinds = {write_video(tmp_path / name) for name in ("a.mp4", "b.webm", "c.mov")}
     with pytest.raises(ds.DatasetError) as err:
         load(str(tmp_path))
-    assert "holds only videos (3:" in str(err.value) and "video training is not supported yet" in str(err.value)
+    assert "holds only videos (3:" in str(err.value) and "set LoadDataset's 'video_frames'" in str(err.value)
     assert "a.mp4" in str(err.value) and "extract frames" in str(err.value)
     solid_png(tmp_path / "still.png")
     animated(tmp_path / "moving.gif", "GIF")  # a GIF "video" is an image: its first frame trains
     assert names(load(str(tmp_path))) == ["moving.gif", "still.png"]
     warned = logs()
-    assert "3 video file(s) are skipped: video training is not supported yet" in warned
+    assert "3 video file(s) are skipped: set LoadDataset's 'video_frames'" in warned
     assert "1 animated image(s): only the first frame is trained" in warned
     assert kinds <= {"pyav", "magic bytes"}
 

@@ -139,6 +139,28 @@ def test_second_run_reuses_and_regenerate_rebuilds(m, encoders, dataset):
     assert not os.path.exists(marker) and os.path.isdir(sibling)  # only this fingerprint's folder
 
 
+def test_trust_cache_skips_the_file_check(m, encoders, dataset):
+    spec, paths = dataset
+    vae, clip = Counting(encoders[0]), Counting(encoders[1])
+    # no cache yet: trust_cache falls back to the normal, checked path
+    (first,) = m.cache.PipeTrainCacheLatents().cache(dataset=spec, vae=vae, clip=clip, regenerate=False,
+                                                    trust_cache=True)
+    assert vae.vae_calls == 4
+    from PIL import Image
+
+    Image.new("RGB", (64, 64), (1, 2, 3)).save(paths[0])  # an edited image: a new fingerprint when checked
+    os.utime(paths[0], ns=(1, 1))
+    vae, clip = Counting(encoders[0]), Counting(encoders[1])
+    (trusted,) = m.cache.PipeTrainCacheLatents().cache(dataset=spec, vae=vae, clip=clip, regenerate=False,
+                                                      trust_cache=True)
+    assert trusted == first and (vae.vae_calls, clip.clip_calls) == (0, 0)  # reused as-is, nothing opened
+    (checked,) = m.cache.PipeTrainCacheLatents().cache(dataset=spec, vae=vae, clip=clip, regenerate=False)
+    assert checked.fingerprint != first.fingerprint and vae.vae_calls == 4
+    # other encoder settings never match a trusted cache
+    other = m.cache.find_trusted_cache(spec, {"vae": "another", "clip": "x"})
+    assert other is None
+
+
 def test_cancelled_run_resumes(m, encoders, dataset, comfy):
     spec, _ = dataset
 

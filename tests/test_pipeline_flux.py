@@ -55,6 +55,11 @@ CASES = {
     "schnell": dict(guidance_embed=False, cond=dict()),
     "no-pooled": dict(guidance_embed=True, cond=dict(pooled=False)),
     "odd-size": dict(guidance_embed=True, cond=dict(latent=(16, 7, 9))),  # padded to the 2x2 patch, cropped
+    # Kontext (ReferenceLatent): reference tokens after the target's, each ref_latents_method
+    "kontext": dict(guidance_embed=True, cond=dict(refs=((6, 10),))),
+    "kontext-2-refs-odd": dict(guidance_embed=True, cond=dict(refs=((4, 6), (7, 5)))),
+    "kontext-index": dict(guidance_embed=True, cond=dict(refs=((4, 6), (6, 4)), ref_method="index")),
+    "kontext-uxo": dict(guidance_embed=True, cond=dict(refs=((4, 6), (6, 4)), ref_method="uxo")),
 }
 
 
@@ -69,13 +74,15 @@ def test_stage_layers_equal_comfyui_forward(comfy, case):
     assert torch.equal(acts, reference)
 
 
-def test_stage_layers_give_comfyui_lora_gradients(comfy):
+@pytest.mark.parametrize("kontext", [False, True])
+def test_stage_layers_give_comfyui_lora_gradients(comfy, kontext):
     """With a LoRA on every block linear, backward through the layers gives apply_model's gradients."""
     from PipeTrain.engine.lora import inject_lora
     from PipeTrain.engine.objective import native_loss
 
     model = _model()
     targets = inject_lora(model.diffusion_model, LoraSpec(rank=4, targets="all_linear"))
+    cond_args = dict(refs=((4, 6), (6, 4))) if kontext else {}
     assert any(t.startswith("double_blocks.") for t in targets) and any(t.startswith("single_blocks.") for t in targets)
     lora = {n: p for n, p in model.diffusion_model.named_parameters() if p.requires_grad}
     gen = torch.Generator().manual_seed(5)
@@ -83,7 +90,7 @@ def test_stage_layers_give_comfyui_lora_gradients(comfy):
         for n, p in lora.items():
             if "lora_B" in n:
                 p.copy_(torch.randn(p.shape, generator=gen) * 0.1)
-    prepared = _prepare(model)
+    prepared = _prepare(model, **cond_args)
 
     def grads(run):
         model.zero_grad(set_to_none=True)
@@ -101,16 +108,17 @@ def test_stage_layers_give_comfyui_lora_gradients(comfy):
 
 
 def test_unsupported_flux_variants_are_refused(comfy):
-    """Kontext reference latents (and other extra conds) and Fill-style inputs get a ConfigError."""
+    """Extra conds the adapter does not reproduce (an attention mask) and Fill-style inputs get a ConfigError."""
     from PipeTrain.engine.models import adapter_for
 
     model = _model()
     latents, conds = tiny_flux.conds(1)
-    conds[0]["extras"]["reference_latents"] = [torch.randn(1, *tiny_flux.LATENT)]
     from PipeTrain.engine.objective import DiffusionObjective
 
     prepared = DiffusionObjective(model, seed=3).prepare(latents, conds, [0])
-    with pytest.raises(ConfigError, match="Kontext"):
+    # ComfyUI's extra_conds would add this for a masked conditioning (it only needs its presence here)
+    prepared.kwargs["attention_mask"] = torch.ones(1, 1, 1)
+    with pytest.raises(ConfigError, match="attention mask"):
         adapter_for(model).first_stage_inputs(prepared)
 
     import comfy.supported_models

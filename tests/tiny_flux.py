@@ -35,13 +35,21 @@ def build_base_model(seed: int = 0, guidance_embed: bool = True):
 
 
 def conds(batch: int, pooled: bool = True, guidance: float | None = 3.5, seed: int = 1,
-          latent: tuple[int, ...] = LATENT) -> tuple[torch.Tensor, list]:
-    """(latents [B, 16, H, W], conds in the form engine.data.collate returns)."""
+          latent: tuple[int, ...] = LATENT, refs: tuple[tuple[int, int], ...] = (),
+          ref_method: str | None = None) -> tuple[torch.Tensor, list]:
+    """(latents [B, 16, H, W], conds in the form engine.data.collate returns).
+
+    refs: (height, width) of Kontext reference latents per item (ReferenceLatent), ref_method its
+    ref_latents_method (None: the model's default)."""
     gen = torch.Generator().manual_seed(seed)
     latents = torch.randn((batch, *latent), generator=gen)
     out = []
     for _ in range(batch):
         extras = {"pooled_output": torch.randn(FLUX_CONFIG["vec_in_dim"], generator=gen) if pooled else None,
                   "guidance": guidance}
+        if refs:
+            extras["reference_latents"] = [torch.randn((1, latent[0], h, w), generator=gen) for h, w in refs]
+        if ref_method is not None:
+            extras["ref_latents_method"] = ref_method
         out.append({"cross_attn": torch.randn((TEXT, FLUX_CONFIG["context_in_dim"]), generator=gen), "extras": extras})
     return latents, out

@@ -17,10 +17,16 @@ LATENT = (16, 3, 8, 8)  # channels, frames, height, width
 TEXT = (8, 4096)  # tokens, width (detection fixes umT5's 4096)
 
 
-def build_base_model(seed: int = 0):
+CLIP_TOKENS = 5  # CLIP vision tokens for i2v (257 in real files; img_emb takes any count)
+
+
+def build_base_model(seed: int = 0, i2v: bool = False):
     import comfy.supported_models
 
-    model = comfy.supported_models.WAN21_T2V(dict(WAN_CONFIG)).get_model({})
+    if i2v:  # Wan 2.1 i2v: 16 latent + 4 mask + 16 image channels in, and an image embedder (img_emb)
+        model = comfy.supported_models.WAN21_I2V(dict(WAN_CONFIG, model_type="i2v", in_dim=36)).get_model({})
+    else:
+        model = comfy.supported_models.WAN21_T2V(dict(WAN_CONFIG)).get_model({})
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.diffusion_model.named_parameters():
@@ -33,17 +39,18 @@ def build_base_model(seed: int = 0):
     return model
 
 
-def write_model(path: Path, seed: int = 0) -> Path:
+def write_model(path: Path, seed: int = 0, i2v: bool = False) -> Path:
     from safetensors.torch import save_file
 
-    model = build_base_model(seed)
+    model = build_base_model(seed, i2v)
     state = {k: v.contiguous() for k, v in model.diffusion_model.state_dict().items()}
     path.parent.mkdir(parents=True, exist_ok=True)
     save_file(state, str(path))
     return path
 
 
-def write_cache(root: Path, items: int = 8, seed: int = 0) -> str:
+def write_cache(root: Path, items: int = 8, seed: int = 0, i2v: bool = False) -> str:
+    """i2v: each item also has a start-frame latent (concat_latent_image) and CLIP vision tokens."""
     from PipeTrain.engine.cache_format import write_item, write_manifest
     from PipeTrain.engine.dataset import DatasetSpec, FolderSpec
 
@@ -54,7 +61,11 @@ def write_cache(root: Path, items: int = 8, seed: int = 0) -> str:
     for i in range(items):
         latent = torch.randn((1, *LATENT), generator=gen)
         text = torch.randn((1, *TEXT), generator=gen)
-        write_item(cache, i, latent, text, {}, f"item{i}.png", f"caption {i}", 1)
+        extras = {}
+        if i2v:
+            extras = {"concat_latent_image": torch.randn((1, *LATENT), generator=gen),
+                      "clip_vision_output.penultimate_hidden_states": torch.randn((1, CLIP_TOKENS, 1280), generator=gen)}
+        write_item(cache, i, latent, text, extras, f"item{i}.png", f"caption {i}", 1)
         entries.append({"file": f"items/{i:06d}.safetensors", "source": f"item{i}.png", "repeats": 1})
     write_manifest(cache, "0" * 16, spec, entries, list(LATENT), ["cross_attn"], {"test": "tiny wan"})
     return str(cache)

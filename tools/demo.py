@@ -4,7 +4,7 @@
 
 1. writes a tiny random-init UNet/VAE/CLIP that ComfyUI's stock loaders accept, and a tiny dataset;
 2. starts ComfyUI headless with this pack installed;
-3. queues example_workflows/train_lora_then_test_api.json through POST /prompt: the six PipeTrain
+3. queues example_workflows/api/train_lora_then_test_api.json through POST /prompt: the six PipeTrain
    nodes train with 2 DeepSpeed processes (CPU when there is no GPU), then KSampler renders the
    same seed with and without the new LoRA;
 4. prints where the LoRA and the two images are, and whether the LoRA changed the image.
@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-WORKFLOW = REPO / "example_workflows" / "train_lora_then_test_api.json"
+WORKFLOW = REPO / "example_workflows" / "api" / "train_lora_then_test_api.json"  # api/: kept out of the template browser
 
 
 def comfy_root() -> Path:

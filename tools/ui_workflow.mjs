@@ -4,52 +4,79 @@
 //
 //   node tools/ui_workflow.mjs http://127.0.0.1:8188 api.json out.json out.jpg
 //
-// Needs a running ComfyUI with this pack, Debian's chromium and `npm i playwright-core`.
+// Needs a running ComfyUI with this pack and the demo's tiny files (tools/tiny_assets.py),
+// Chromium and playwright-core (scripts/ui_deps.sh installs both).
 import fs from "node:fs";
-import { chromium } from "playwright-core";
+import { openBrowser, openComfy } from "./chromium.mjs";
 
 const [url, apiPath, outJson, outJpg] = process.argv.slice(2);
+if (!outJpg) {
+  console.error("usage: node tools/ui_workflow.mjs <comfyui url> <api.json> <out.json> <out.jpg>");
+  process.exit(2);
+}
 const api = JSON.parse(fs.readFileSync(apiPath, "utf8"));
-const browser = await chromium.launch({
-  executablePath: "/usr/bin/chromium",
-  args: ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-         "--disable-component-update", "--disable-sync", "--no-first-run"],
-});
+// Left to right in the order data flows: loaders; dataset and settings; training; save + run readers;
+// test prompts; samplers; decode; outputs. Ids not in the graph are skipped.
+// The thumbnail shows the first THUMB_COLUMNS columns (training and its results): template cards are
+// nearly square, the whole graph is much wider than high.
+const THUMB_COLUMNS = 4;
+const COLUMNS = [["1", "2", "3"], ["4", "5", "6", "7"], ["8"], ["9", "19", "20"], ["21", "22"],
+  ["10", "11", "12"], ["13", "16"], ["14", "17"], ["15", "18"]];
+
+const browser = await openBrowser({ width: 2400, height: 1400 });
 try {
-  const page = await browser.newPage({ viewport: { width: 1900, height: 1000 } });
-  await page.goto(url);
-  await page.waitForFunction(() => window.app?.graph && window.LiteGraph, null, { timeout: 60000 });
+  const { page } = browser;
+  await openComfy(page, url);
   await page.evaluate(async (graph) => {
     await window.app.loadApiJson(graph, "train_lora_then_test");
   }, api);
-  // Lay the nodes out left to right in the order data flows: loaders, dataset, training, test.
-  await page.evaluate((columns) => {
-    const byId = (id) => window.app.graph.getNodeById(Number(id));
-    columns.forEach((column, x) => {
+  await page.waitForTimeout(500);
+  const box = await page.evaluate(({ columns, thumbColumns }) => {
+    const graph = window.app.graph;
+    let x = 20;
+    let thumbRight = 0;
+    for (const [i, column] of columns.entries()) {
       let y = 40;
+      let widest = 0;
       for (const id of column) {
-        const node = byId(id);
+        const node = graph.getNodeById(Number(id));
         if (!node) continue;
-        node.pos = [[20, 330, 720, 1060, 1450, 1780, 2020][x], y];
+        node.pos = [x, y];
         y += node.size[1] + 60;
+        widest = Math.max(widest, node.size[0]);
       }
-    });
+      if (widest) x += widest + 50;
+      if (i === thumbColumns - 1) thumbRight = x - 30;
+    }
     // Test samplers keep their seed between queues, so re-running compares like with like.
-    for (const node of window.app.graph._nodes) {
+    for (const node of graph._nodes) {
       for (const w of node.widgets ?? []) if (w.name === "control_after_generate") w.value = "fixed";
     }
+    let right = 0;
+    let bottom = 0;
+    for (const node of graph._nodes) {
+      right = Math.max(right, node.pos[0] + node.size[0]);
+      bottom = Math.max(bottom, node.pos[1] + node.size[1]);
+    }
+    graph.setDirtyCanvas(true, true);
+    return { right, bottom, thumbRight: thumbRight || right };
+  }, { columns: COLUMNS, thumbColumns: THUMB_COLUMNS });
+  // Clear the view (banner, minimap), then fit the whole graph below the top bars and right of the sidebar.
+  await page.locator("[data-testid=close-minmap-button], [data-testid=toggle-minimap-button]").first().click().catch(() => {});
+  const view = { left: 70, top: 140, width: 2400 - 80, height: 1400 - 150 };
+  const scale = await page.evaluate(({ box, view }) => {
+    const ds = window.app.canvas.ds;
+    ds.scale = Math.min(1, (view.width - 20) / box.thumbRight, (view.height - 20) / box.bottom);
+    ds.offset = [(view.left + 10) / ds.scale, (view.top + 10) / ds.scale];
     window.app.graph.setDirtyCanvas(true, true);
-  }, [["1", "2", "3"], ["4", "5", "6", "7"], ["8"], ["9", "10", "11", "12"], ["13", "16"], ["14", "17"], ["15", "18"]]);
+    return ds.scale;
+  }, { box, view });
   await page.waitForTimeout(500);
-  await page.evaluate(() => {
-    window.app.canvas.ds.scale = 0.64;
-    window.app.canvas.ds.offset = [40, 190];
-    window.app.graph.setDirtyCanvas(true, true);
-  });
-  await page.waitForTimeout(300);
   const workflow = await page.evaluate(() => window.app.graph.serialize());
   fs.writeFileSync(outJson, JSON.stringify(workflow, null, 2) + "\n");
-  await page.screenshot({ path: outJpg, type: "jpeg", quality: 80, clip: { x: 60, y: 120, width: 1800, height: 640 } });
+  await page.screenshot({ path: outJpg, type: "jpeg", quality: 80, clip: {
+    x: view.left, y: view.top, width: Math.round(box.thumbRight * scale + 20),
+    height: Math.round(box.bottom * scale + 20) } });
 } finally {
   await browser.close();
 }

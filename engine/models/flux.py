@@ -3,15 +3,17 @@ pipeline stage layers.
 
 Mirrors BaseModel._apply_model + Flux._forward/forward_orig of ComfyUI 0.3.75 for the t2i path:
 conditioning = T5 context, pooled CLIP vector (y) and, for guidance-distilled files, the guidance
-value. Refused until they are added here: Kontext reference latents, Fill/inpaint concat channels,
-attention masks, ControlNet, and the other families built on the Flux blocks (Chroma, Flux.2,
-HunyuanVideo), which have their own base-model classes and do not match.
+value, and Kontext reference latents (ref_latents, any ref_latents_method). Refused until they are
+added here: Fill/inpaint concat channels, attention masks, ControlNet, and the other families built
+on the Flux blocks (Chroma, Flux.2, HunyuanVideo), which have their own base-model classes and do
+not match.
 
 Tensors passed between stages:
-  double-block stages: img, txt, vec, pe, xt, sigma
-  single-block stages: x (= cat(txt, img)), vec, pe, xt, sigma
-The head needs xt and sigma for ComfyUI's calculate_denoised, and recovers the text length from
-x and the image-token count implied by xt's shape, so no integer tensor has to cross a stage.
+  double-block stages: img (target tokens, then reference tokens), txt, vec, pe, xt, sigma, refs
+  single-block stages: x (= cat(txt, img)), vec, pe, xt, sigma, refs
+The head needs xt and sigma for ComfyUI's calculate_denoised. `refs` is a [B, 1 + reference tokens]
+float tensor whose width tells the head how many reference tokens follow the target's (its values
+are unused), so the head finds the target tokens without an integer crossing a stage.
 """
 from __future__ import annotations
 
@@ -21,7 +23,8 @@ from torch import nn
 from ..config import ConfigError
 
 # The kwargs of model.extra_conds this adapter reproduces; anything else means a variant it does not.
-_HANDLED = {"c_crossattn", "y", "guidance"}
+_HANDLED = {"c_crossattn", "y", "guidance", "ref_latents", "ref_latents_method"}
+_REF_METHODS = ("offset", "index", "uxo")  # as codes for the first stage; ComfyUI treats unknown names as offset
 
 
 def _options(block_type: str, index: int, total: int) -> dict:
@@ -57,7 +60,7 @@ class _Embed(nn.Module):
         from comfy.ldm.flux.layers import timestep_embedding
         from comfy.model_base import convert_tensor
 
-        xt, sigma, context, y, guidance = inputs
+        xt, sigma, context, y, guidance, method, *refs = inputs
         (base, dm), ms = self._refs, self.model_sampling
         # An empty y / guidance stands for "absent" (first_stage_inputs keeps the tuple fixed).
         y = None if y.numel() == 0 else y
@@ -74,6 +77,8 @@ class _Embed(nn.Module):
 
         # Flux._forward
         img, img_ids = dm.process_img(xc, transformer_options={})
+        img, img_ids, ref_tokens = _add_references(dm, img, img_ids, xc, [convert_tensor(r, dtype, device) for r in refs],
+                                                   _ref_method(dm, int(method.reshape(-1)[0])))
         txt_ids = torch.zeros((xc.shape[0], context.shape[1], len(dm.params.axes_dim)), device=device,
                               dtype=torch.float32)
 
@@ -88,9 +93,43 @@ class _Embed(nn.Module):
             vec = vec + dm.vector_in(y[:, :dm.params.vec_in_dim])
         txt = dm.txt_in(context)
         pe = dm.pe_embedder(torch.cat((txt_ids, img_ids), dim=1))
+        marker = torch.zeros((xt.shape[0], 1 + ref_tokens), device=device, dtype=torch.float32)
         if self.join:
-            return _join(img, txt), vec, pe, xt, sigma
-        return img, txt, vec, pe, xt, sigma
+            return _join(img, txt), vec, pe, xt, sigma, marker
+        return img, txt, vec, pe, xt, sigma, marker
+
+
+def _ref_method(dm, code: int) -> str:
+    return getattr(dm.params, "default_ref_method", "offset") if code < 0 else _REF_METHODS[code]
+
+
+def _add_references(dm, img, img_ids, xc, refs, method):
+    """Flux._forward's reference-latent loop: the reference tokens appended after the target's."""
+    p = dm.patch_size
+    h_len, w_len = (xc.shape[-2] + p // 2) // p, (xc.shape[-1] + p // 2) // p
+    h = w = index = 0
+    before = img.shape[1]
+    for ref in refs:
+        if method == "index":
+            index += dm.params.ref_index_scale
+            h_offset = w_offset = 0
+        elif method == "uxo":
+            index = 0
+            h_offset, w_offset = h_len * p + h, w_len * p + w
+            h += ref.shape[-2]
+            w += ref.shape[-1]
+        else:
+            index, h_offset, w_offset = 1, 0, 0
+            if ref.shape[-2] + h > ref.shape[-1] + w:
+                w_offset = w
+            else:
+                h_offset = h
+            h = max(h, ref.shape[-2] + h_offset)
+            w = max(w, ref.shape[-1] + w_offset)
+        kontext, kontext_ids = dm.process_img(ref, index=index, h_offset=h_offset, w_offset=w_offset)
+        img = torch.cat([img, kontext], dim=1)
+        img_ids = torch.cat([img_ids, kontext_ids], dim=1)
+    return img, img_ids, img.shape[1] - before
 
 
 class _Double(nn.Module):
@@ -100,12 +139,12 @@ class _Double(nn.Module):
         self.index, self.total, self.join = index, total, join
 
     def forward(self, inputs):
-        img, txt, vec, pe, xt, sigma = inputs
+        img, txt, vec, pe, xt, sigma, refs = inputs
         img, txt = self.block(img=img, txt=txt, vec=vec, pe=pe, attn_mask=None,
                               transformer_options=_options("double", self.index, self.total))
         if self.join:  # the last double block hands the single blocks one joint sequence
-            return _join(img, txt), vec, pe, xt, sigma
-        return img, txt, vec, pe, xt, sigma
+            return _join(img, txt), vec, pe, xt, sigma, refs
+        return img, txt, vec, pe, xt, sigma, refs
 
 
 class _Single(nn.Module):
@@ -115,9 +154,9 @@ class _Single(nn.Module):
         self.index, self.total = index, total
 
     def forward(self, inputs):
-        x, vec, pe, xt, sigma = inputs
+        x, vec, pe, xt, sigma, refs = inputs
         x = self.block(x, vec=vec, pe=pe, attn_mask=None, transformer_options=_options("single", self.index, self.total))
-        return x, vec, pe, xt, sigma
+        return x, vec, pe, xt, sigma, refs
 
 
 class _Head(nn.Module):
@@ -130,20 +169,21 @@ class _Head(nn.Module):
     def forward(self, inputs):
         from einops import rearrange
 
-        x, vec, pe, xt, sigma = inputs
+        x, vec, pe, xt, sigma, refs = inputs
         dm = self._dm[0]
         p = dm.patch_size
         h_orig, w_orig = xt.shape[-2:]
         h_len, w_len = (h_orig + p // 2) // p, (w_orig + p // 2) // p
-        img_tokens = h_len * w_len  # no reference latents, so every image token is the target's
-        img = x[:, x.shape[1] - img_tokens:]  # forward_orig drops the text tokens (they come first)
+        img_tokens = h_len * w_len
+        end = x.shape[1] - (refs.shape[1] - 1)  # text tokens, target tokens, reference tokens
+        img = x[:, end - img_tokens:end]  # forward_orig drops the text tokens, _forward the references
         out = self.final_layer(img, vec)  # vec is vec_orig: plain Flux has no global modulation
         out = rearrange(out, "b (h w) (c ph pw) -> b c (h ph) (w pw)", h=h_len, w=w_len, ph=p, pw=p)
         out = out[:, :, :h_orig, :w_orig]
         denoised = self.model_sampling.calculate_denoised(sigma, out.float(), xt)
-        # DeepSpeed sends a gradient back for every float tensor a stage receives; keep pe, which
-        # the head does not use, in the graph (exactly zero contribution) so a head-only stage works.
-        return denoised + 0.0 * pe.sum().float()
+        # DeepSpeed sends a gradient back for every float tensor a stage receives; keep pe and refs,
+        # which the head does not use, in the graph (exactly zero contribution) so a head-only stage works.
+        return denoised + 0.0 * (pe.sum().float() + refs.sum())
 
 
 class FluxAdapter:
@@ -165,12 +205,10 @@ class FluxAdapter:
         kw = prepared.kwargs
         extra = sorted(set(kw) - _HANDLED)
         if extra:
-            what = {"ref_latents": "reference latents (Flux Kontext / ReferenceLatent)",
-                    "ref_latents_method": "reference latents (Flux Kontext / ReferenceLatent)",
-                    "c_concat": "concat channels (Flux Fill / inpaint)",
+            what = {"c_concat": "concat channels (Flux Fill / inpaint)",
                     "attention_mask": "an attention mask"}
             named = sorted({what.get(k, k) for k in extra})
-            raise ConfigError(f"pipeline_stages > 1 for Flux supports plain text-to-image only; this run also "
+            raise ConfigError(f"pipeline_stages > 1 for Flux supports text-to-image and Kontext only; this run also "
                               f"needs {', '.join(named)}. Set pipeline_stages to 1 for this model.")
         xt = prepared.xt
         # A stage's inputs are a fixed tuple of tensors (no None): an empty tensor stands for an
@@ -178,8 +216,11 @@ class FluxAdapter:
         empty = xt.new_zeros((xt.shape[0], 0))
         y = kw.get("y")
         guidance = kw.get("guidance")
+        method = kw.get("ref_latents_method")  # absent: the model's default; unknown names act as offset
+        code = torch.tensor([-1 if method is None else _REF_METHODS.index(method) if method in _REF_METHODS else 0],
+                            device=xt.device)
         return (xt, prepared.sigma, kw["c_crossattn"], empty if y is None else y,
-                empty if guidance is None else guidance)
+                empty if guidance is None else guidance, code, *(kw.get("ref_latents") or ()))
 
     @staticmethod
     def layers(base_model) -> list[nn.Module]:

@@ -1,9 +1,13 @@
-"""Wan 2.1 / 2.2 text-to-video (comfy.ldm.wan.model.WanModel) as pipeline stage layers.
+"""Wan 2.1 / 2.2 text-to-video and image-to-video (comfy.ldm.wan.model.WanModel) as pipeline stage layers.
 
-Mirrors BaseModel._apply_model + WanModel._forward/forward_orig of ComfyUI 0.3.75 for the t2v path
-(conditioning = text only); i2v, VACE and reference latents are refused until they are added here.
-Tensors passed between stages: x, e, e0, context, freqs (the block inputs) plus xt and sigma,
-which the head needs for ComfyUI's calculate_denoised.
+Mirrors BaseModel._apply_model + WanModel._forward/forward_orig of ComfyUI 0.3.75: text context,
+and for i2v models the concat channels (c_concat: mask + image latents, which _apply_model puts in
+front of the patch embedding) and the CLIP vision tokens (clip_fea -> img_emb, Wan 2.1 i2v).
+VACE, camera, reference latents and other variants are refused until they are added here.
+Tensors passed between stages: x, e, e0, [context_img,] context, freqs (the block inputs) plus xt
+and sigma, which the head needs for ComfyUI's calculate_denoised. context_img (models with img_emb)
+travels apart from the text context so each block knows its length (ComfyUI's context_img_len)
+without an integer crossing a stage; the block joins them as forward_orig does.
 """
 from __future__ import annotations
 
@@ -19,8 +23,9 @@ class _Embed(nn.Module):
         dm = base.diffusion_model
         # Own only the embedders (so DeepSpeed places and counts just them on this stage); the rest
         # of the model is reached through plain references kept out of the module tree.
-        self.embedders = nn.ModuleList([dm.patch_embedding, dm.time_embedding, dm.time_projection,
-                                        dm.text_embedding])
+        embedders = [dm.patch_embedding, dm.time_embedding, dm.time_projection, dm.text_embedding]
+        self.clip = dm.img_emb is not None
+        self.embedders = nn.ModuleList(embedders + ([dm.img_emb] if self.clip else []))
         self.model_sampling = base.model_sampling
         self._refs = (base, dm)
 
@@ -28,10 +33,15 @@ class _Embed(nn.Module):
         import comfy.ldm.common_dit
         from comfy.ldm.wan.model import sinusoidal_embedding_1d
 
-        xt, sigma, context = inputs
+        from comfy.model_base import convert_tensor
+
+        xt, sigma, context, concat, clip_fea = inputs
         (base, dm), ms = self._refs, self.model_sampling
         dtype = base.manual_cast_dtype or base.get_dtype()
-        xc = ms.calculate_input(sigma, xt).to(dtype)
+        xc = ms.calculate_input(sigma, xt)
+        if concat.numel():  # an empty tensor stands for "no c_concat"
+            xc = torch.cat([xc, concat.to(xc.device, xc.dtype)], dim=1)
+        xc = xc.to(dtype)
         t = base.process_timestep(ms.timestep(sigma).float(), x=xt)
         context = context.to(dtype)
         frames, h, w = xc.shape[2:]
@@ -42,6 +52,15 @@ class _Embed(nn.Module):
         e = e.reshape(t.shape[0], -1, e.shape[-1])
         e0 = dm.time_projection(e).unflatten(2, (6, dm.dim))
         context = dm.text_embedding(context)
+        if self.clip != bool(clip_fea.numel()):
+            raise ConfigError(
+                "this Wan image-to-video model takes CLIP vision tokens, but the cached dataset has no "
+                "clip_vision_output: re-cache it with one (WanImageToVideo's clip_vision_output input) or set "
+                "pipeline_stages to 1." if self.clip else
+                "the cached dataset has CLIP vision tokens (clip_vision_output) but this Wan model has no image "
+                "embedder to take them: re-cache without them or set pipeline_stages to 1.")
+        if self.clip:
+            return x, e, e0, dm.img_emb(convert_tensor(clip_fea, dtype, x.device)), context, freqs, xt, sigma
         return x, e, e0, context, freqs, xt, sigma
 
 
@@ -51,6 +70,11 @@ class _Block(nn.Module):
         self.block = block
 
     def forward(self, inputs):
+        if len(inputs) == 8:  # with CLIP vision tokens
+            x, e, e0, context_img, context, freqs, xt, sigma = inputs
+            x = self.block(x, e=e0, freqs=freqs, context=torch.cat([context_img, context], dim=1),
+                           context_img_len=context_img.shape[1], transformer_options={})
+            return x, e, e0, context_img, context, freqs, xt, sigma
         x, e, e0, context, freqs, xt, sigma = inputs
         x = self.block(x, e=e0, freqs=freqs, context=context, context_img_len=None, transformer_options={})
         return x, e, e0, context, freqs, xt, sigma
@@ -64,7 +88,7 @@ class _Head(nn.Module):
         self._dm = (base.diffusion_model,)  # for its unpatchify and sizes; not a submodule
 
     def forward(self, inputs):
-        x, e, e0, context, freqs, xt, sigma = inputs
+        x, e, e0, *contexts, freqs, xt, sigma = inputs
         dm = self._dm[0]
         frames, h, w = xt.shape[2:]
         grid = [(frames + dm.patch_size[0] - 1) // dm.patch_size[0], (h + dm.patch_size[1] - 1) // dm.patch_size[1],
@@ -73,7 +97,7 @@ class _Head(nn.Module):
         denoised = self.model_sampling.calculate_denoised(sigma, out.float(), xt)
         # DeepSpeed sends a gradient back for every float tensor a stage receives; keep the ones the
         # head does not use in the graph (exactly zero contribution) so a head-only stage works.
-        unused = e0.sum() + context.sum() + freqs.sum()
+        unused = e0.sum() + sum(c.sum() for c in contexts) + freqs.sum()
         return denoised + 0.0 * unused.float()
 
 
@@ -86,15 +110,22 @@ class WanAdapter:
 
         return type(base_model.diffusion_model) is WanModel
 
-    @staticmethod
-    def first_stage_inputs(prepared) -> tuple[torch.Tensor, ...]:
-        extra = sorted(set(prepared.kwargs) - {"c_crossattn"})
+    def first_stage_inputs(self, prepared) -> tuple[torch.Tensor, ...]:
+        kw = prepared.kwargs
+        extra = sorted(set(kw) - {"c_crossattn", "c_concat", "clip_fea"})
         if extra:
-            raise ConfigError(f"pipeline_stages > 1 for Wan supports text-to-video only; this model also needs "
-                              f"{', '.join(extra)}. Set pipeline_stages to 1 for this model.")
-        return prepared.xt, prepared.sigma, prepared.kwargs["c_crossattn"]
+            raise ConfigError(f"pipeline_stages > 1 for Wan supports text-to-video and image-to-video; this run also "
+                              f"needs {', '.join(extra)}. Set pipeline_stages to 1 for this model.")
+        xt = prepared.xt
+        empty = xt.new_zeros((xt.shape[0], 0))  # a stage's inputs are a fixed tuple of tensors (no None)
+        concat, clip_fea = kw.get("c_concat"), kw.get("clip_fea")
+        return (xt, prepared.sigma, kw["c_crossattn"], empty if concat is None else concat,
+                empty if clip_fea is None else clip_fea)
 
-    @staticmethod
-    def layers(base_model) -> list[nn.Module]:
+    def layers(self, base_model) -> list[nn.Module]:
         dm = base_model.diffusion_model
+        for part in ("vace_blocks", "ref_conv", "control_adapter"):
+            if getattr(dm, part, None) is not None:
+                raise ConfigError(f"pipeline_stages > 1 is not available for this Wan variant ({part}): set "
+                                  "pipeline_stages to 1 for this model.")
         return [_Embed(base_model), *[_Block(b) for b in dm.blocks], _Head(base_model)]

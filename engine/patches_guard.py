@@ -1,0 +1,57 @@
+"""A generic check for the in-place trap, for blocks PipeTrain has no out-of-place copy of.
+
+engine/patches.py replaces the in-place block forwards of the families it knows (ComfyUI 0.3.75).
+A newer ComfyUI can add a family whose blocks also update their input in place (LTX-2's
+BasicAVTransformerBlock does `vx += ...`), or change a known one. LoRA backward then fails with a
+bare autograd error, and under activation checkpointing it can run and give wrong gradients
+(MODEL-NOTES.md finding 2). So every block gets a one-shot hook on its first call: if a tensor it
+was given (a positional or keyword argument, or one inside a tuple/list argument) has a newer
+autograd version after the block ran, the block wrote into its input, and training stops with a
+message that names the block class. The hooks remove themselves after that first call.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .blocks import blocks
+
+
+class InPlaceBlockError(RuntimeError):
+    """A block updated one of its input tensors in place (no PipeTrain out-of-place copy for it)."""
+
+
+def _tensors(args, kwargs):
+    for value in list(args) + list(kwargs.values()):
+        items = value if isinstance(value, (tuple, list)) else (value,)
+        for item in items:
+            if torch.is_tensor(item):
+                yield item
+
+
+def guard_blocks(diffusion_model: nn.Module) -> int:
+    """Add the one-shot check to every block (engine.blocks); returns how many were guarded."""
+    guarded = 0
+    for index, block in enumerate(blocks(diffusion_model)):
+        state = {}
+
+        def before(module, args, kwargs, state=state):
+            state["versions"] = [(t, t._version) for t in _tensors(args, kwargs)]
+
+        def after(module, args, kwargs, output, state=state, index=index):
+            for handle in state.pop("handles", ()):
+                handle.remove()
+            changed = [t for t, version in state.pop("versions", []) if t._version != version]
+            if changed:
+                shape = tuple(changed[0].shape)
+                raise InPlaceBlockError(
+                    f"block {index} ({type(module).__module__}.{type(module).__qualname__}) updated an input tensor "
+                    f"{shape} in place. LoRA training needs an out-of-place forward for it (its backward fails, "
+                    "and with activation checkpointing gradients can be silently wrong). PipeTrain has such "
+                    "forwards for ComfyUI 0.3.75's Flux-style, Hunyuan and LTXV blocks (engine/patches_*.py); "
+                    "this block needs one added there, or use a ComfyUI whose version of it PipeTrain supports.")
+
+        state["handles"] = (block.register_forward_pre_hook(before, with_kwargs=True),
+                            block.register_forward_hook(after, with_kwargs=True))
+        guarded += 1
+    return guarded

@@ -1,0 +1,90 @@
+"""Video files on disk: `probe_video` (size, frame count, frame rate) and `load_video` (the clip
+the VAE encodes), through PyAV (the FFmpeg binding ComfyUI's own video loading uses).
+
+Frame sampling: a clip is `frames` frames taken every `stride`-th source frame, from the start
+of the video. Video models need particular counts (4k+1 for Wan/HunyuanVideo, 8k+1 for LTXV):
+the user sets `frames` accordingly; a video with fewer than (frames - 1) * stride + 1 frames is
+too short and is reported by the dataset scan, never padded. Frames are resized and
+center-cropped exactly like images (engine/image_io.py), to the video's bucket.
+
+Every failure is a VideoReadError whose message names the file and says what to do.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .image_io import _check_file, _resize_crop
+
+
+class VideoReadError(ValueError):
+    """A video file that cannot be used; the message names it and says what to do."""
+
+
+@dataclass(frozen=True)
+class VideoInfo:
+    width: int
+    height: int
+    frames: int
+    fps: float
+
+
+def needed_frames(frames: int, stride: int) -> int:
+    return (frames - 1) * stride + 1
+
+
+def _fail(path: str, exc: BaseException) -> VideoReadError:
+    text = str(exc) or type(exc).__name__
+    return VideoReadError(f"{path} cannot be decoded as a video ({text}): it is damaged, cut off or in a codec this "
+                          "FFmpeg lacks; re-encode it as H.264 MP4 (e.g. ffmpeg -i in.mov -c:v libx264 out.mp4) or "
+                          "remove it")
+
+
+def probe_video(path: str) -> VideoInfo:
+    """Size and frame count. The frames are counted by demuxing packets (no decoding), since
+    container headers often omit or misstate the count."""
+    import av
+
+    try:
+        _check_file(path)
+    except Exception as e:  # image_io's checks name the file; say "video" consistently
+        raise VideoReadError(str(e).replace("an image file", "a video file")) from None
+    try:
+        with av.open(path) as container:
+            if not container.streams.video:
+                raise VideoReadError(f"{path} has no video stream (audio only?): remove it or replace it with a video")
+            stream = container.streams.video[0]
+            width, height = stream.codec_context.width, stream.codec_context.height
+            fps = float(stream.average_rate or stream.guessed_rate or 0)
+            frames = sum(1 for packet in container.demux(stream) if packet.size)
+    except VideoReadError:
+        raise
+    except Exception as e:  # PyAV raises its own error types (InvalidDataError, ...)
+        raise _fail(path, e) from None
+    if frames == 0 or not width or not height:
+        raise VideoReadError(f"{path} holds no video frames: re-export it, or remove it")
+    return VideoInfo(width, height, frames, fps)
+
+
+def load_video(path: str, size: tuple[int, int], frames: int, stride: int = 1) -> np.ndarray:
+    """float32 [frames, height, width, 3] in 0..1: every `stride`-th frame from the start."""
+    import av
+
+    wanted = set(range(0, needed_frames(frames, stride), stride))
+    out = []
+    try:
+        with av.open(path) as container:
+            for i, frame in enumerate(container.decode(video=0)):
+                if i in wanted:
+                    rgb = _resize_crop(frame.to_image().convert("RGB"), tuple(size))
+                    out.append(np.asarray(rgb, dtype=np.float32) / 255.0)
+                    if len(out) == frames:
+                        break
+    except Exception as e:
+        raise _fail(path, e) from None
+    if len(out) < frames:
+        raise VideoReadError(f"{path} decoded to only {len(out)} usable frame(s) of the {frames} needed (stride "
+                             f"{stride}): lower 'video_frames' or 'frame_stride', or re-encode the video")
+    return np.clip(np.stack(out), 0.0, 1.0)
+

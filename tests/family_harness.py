@@ -1,0 +1,183 @@
+"""One harness for every family in tests/family_configs.py, on the engine's own code path:
+engine.patches.ensure_patched, engine.lora.inject_lora (default target preset),
+engine.objective.DiffusionObjective, engine.blocks, and the engine's LoRA save; then the saved
+file through ComfyUI's own LoRA loader (comfy.sd.load_lora_for_models).
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+import family_configs as fc
+
+STEPS = 5
+LR = 5e-3
+
+# apply_model kwargs each mode's cond dict must produce through the model's own extra_conds.
+MODE_KWARGS = {
+    "flux": {"guidance", "y"},
+    "flux_kontext": {"guidance", "ref_latents"},
+    "qwen_image_edit": {"ref_latents"},
+    "omnigen2": {"ref_latents", "num_tokens"},
+    "flux2": {"guidance", "ref_latents"},
+    "hunyuan_video": {"guidance", "y"},
+    "hunyuan_image21_distilled": {"guidance"},
+    "hunyuan_video15_i2v": {"c_concat", "clip_fea"},
+    "wan21_i2v": {"c_concat", "clip_fea"},
+    "wan22_a14b_low_i2v": {"c_concat"},
+    "hidream": {"encoder_hidden_states_llama3", "y"},
+    "sdxl": {"y"},
+    "sd3": {"y"},
+    "ltxv": {"attention_mask", "frame_rate"},
+    "ltxv_i2v": {"attention_mask", "frame_rate", "denoise_mask"},
+    "wan22_5b_ti2v": {"denoise_mask"},
+}
+
+
+# engine.blocks' block lists per model class: the transformer blocks only, never embedders or
+# projections kept in ModuleLists (Cosmos 1.0 t_embedder, HiDream caption_projection).
+_DOUBLE_SINGLE = ["double_blocks", "single_blocks"]
+BLOCK_ROOTS = {
+    "SDXL": ["input_blocks", "middle_block", "output_blocks"], "SD3": ["joint_blocks"],
+    "AuraFlow": ["double_layers", "single_layers"], "Flux": _DOUBLE_SINGLE, "Chroma": _DOUBLE_SINGLE,
+    "HiDream": ["double_stream_blocks", "single_stream_blocks"],
+    "Lumina2": ["noise_refiner", "context_refiner", "layers"], "ZImage": ["noise_refiner", "context_refiner", "layers"],
+    "QwenImage": ["transformer_blocks"], "HunyuanImage21": _DOUBLE_SINGLE,
+    "Omnigen2": ["noise_refiner", "ref_image_refiner", "context_refiner", "layers"],
+    "CosmosT2IPredict2": ["blocks"], "Flux2": _DOUBLE_SINGLE, "LTXV": ["transformer_blocks"],
+    "HunyuanVideo": _DOUBLE_SINGLE, "HunyuanVideo15": ["double_blocks"], "CosmosT2V": ["blocks"],
+    "WAN21_T2V": ["blocks"], "WAN21_I2V": ["blocks"], "WAN22_T2V": ["blocks"],
+}
+
+
+@dataclass
+class Result:
+    losses: list
+    targets: list
+    n_blocks: int
+    roots: list  # engine.blocks.block_roots
+    kwargs_keys: set
+    unloaded: list  # ComfyUI warnings about LoRA keys it did not load
+    base_vs_lora: float  # max |output change| from loading the saved LoRA through ComfyUI
+    comfy_vs_peft: float  # max |ComfyUI-loaded output - trained peft output|
+    scale: float  # max |base output|
+    sigmas: list
+    checkpoint_error: float  # relative LoRA-gradient difference, checkpointed vs plain
+
+
+class _Warnings(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.messages = []
+
+    def emit(self, record):
+        self.messages.append(record.getMessage())
+
+
+def run_family(family: fc.Family, tmp: Path) -> Result:
+    import comfy.model_patcher
+    import comfy.sd
+    from safetensors.torch import load_file
+
+    from PipeTrain.engine.blocks import block_roots, blocks
+    from PipeTrain.engine.config import LoraSpec
+    from PipeTrain.engine.lora import inject_lora, lora_parameters, lora_state_dict, lora_tensors, save_lora
+    from PipeTrain.engine.objective import DiffusionObjective
+    from PipeTrain.engine.patches import ensure_patched
+
+    torch.manual_seed(0)
+    model = fc.build(family)
+    dm = model.diffusion_model
+    ensure_patched(dm)
+    spec = LoraSpec(rank=4)  # default target preset
+    targets = inject_lora(dm, spec)
+    n_blocks = len(blocks(dm))
+    roots = block_roots(dm)
+    objective = DiffusionObjective(model, seed=0, **family.train)
+    latents, conds = fc.batch(family)
+    opt = torch.optim.Adam(lora_parameters(dm), lr=LR)
+    losses, sigmas = [], []
+    for _ in range(STEPS):  # a fixed batch: sample id 0 draws the same noise and timestep each step
+        loss = objective(latents, conds, [0])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    for i in range(8):
+        sigmas.append(float(objective.prepare(latents, conds, [i]).sigma[0]))
+
+    prepared = objective.prepare(latents, conds, [0])
+    with torch.no_grad():
+        trained = _denoised(model, prepared)
+    checkpoint_error = _checkpointed_grad_error(model, objective, latents, conds)
+    path = tmp / f"{family.name}.safetensors"
+    save_lora(path, lora_state_dict(lora_tensors(dm), spec), {"family": family.name})
+
+    fresh = fc.build(family)  # same seed: the base weights the LoRA was trained on
+    with torch.no_grad():
+        base = _denoised(fresh, prepared)
+    cpu = torch.device("cpu")
+    patcher = comfy.model_patcher.ModelPatcher(fresh, load_device=cpu, offload_device=cpu)
+    catcher = _Warnings()
+    logging.getLogger().addHandler(catcher)
+    try:
+        loaded, _ = comfy.sd.load_lora_for_models(patcher, None, load_file(str(path)), 1.0, 0.0)
+    finally:
+        logging.getLogger().removeHandler(catcher)
+    loaded.patch_model()
+    try:
+        with torch.no_grad():
+            out = _denoised(fresh, prepared)
+    finally:
+        loaded.unpatch_model()
+    return Result(losses=losses, targets=targets, n_blocks=n_blocks, roots=roots, kwargs_keys=set(prepared.kwargs),
+                  unloaded=[m for m in catcher.messages if "not loaded" in m.lower()],
+                  base_vs_lora=(out - base).abs().max().item(), comfy_vs_peft=(out - trained).abs().max().item(),
+                  scale=base.abs().max().item(), sigmas=sigmas, checkpoint_error=checkpoint_error)
+
+
+def _denoised(model, prepared):
+    from PipeTrain.engine.objective import transformer_options
+
+    return model.apply_model(prepared.xt, prepared.sigma, transformer_options=transformer_options(prepared.sigma),
+                             **prepared.kwargs)
+
+
+def _checkpointed_grad_error(model, objective, latents, conds) -> float:
+    """Relative difference between LoRA gradients with per-block activation checkpointing
+    (engine/checkpointing.py over engine.blocks) and without, on the trained model."""
+    from PipeTrain.engine.checkpointing import enable_checkpointing
+    from PipeTrain.engine.lora import lora_parameters
+
+    params = lora_parameters(model.diffusion_model)
+
+    def grads():
+        for p in params:
+            p.grad = None
+        objective(latents, conds, [1]).backward()
+        return torch.cat([p.grad.flatten() if p.grad is not None else torch.zeros(p.numel()) for p in params])
+
+    plain = grads()
+    enable_checkpointing(model.diffusion_model, "on")
+    checkpointed = grads()
+    return ((checkpointed - plain).norm() / plain.norm().clamp_min(1e-12)).item()
+
+
+def check(family: fc.Family, result: Result) -> None:
+    assert result.n_blocks > 0, "engine.blocks found no block list"
+    assert result.roots == BLOCK_ROOTS[family.supported], result.roots
+    assert result.targets, "the default LoRA preset matched nothing"
+    assert all(torch.isfinite(torch.tensor(result.losses))), result.losses
+    assert result.losses[-1] < result.losses[0], f"loss did not fall: {result.losses}"
+    assert not result.unloaded, result.unloaded
+    assert result.base_vs_lora > 1e-4 * max(1.0, result.scale), "the loaded LoRA does not change the output"
+    assert result.comfy_vs_peft <= 1e-3 * max(1.0, result.scale), (
+        f"ComfyUI's LoRA gives another output than training did ({result.comfy_vs_peft})")
+    missing = MODE_KWARGS.get(family.name, set()) - result.kwargs_keys
+    assert not missing, f"extra_conds did not produce {missing} from the {family.mode} cond dict"
+    assert result.checkpoint_error < 1e-4, f"checkpointed gradients differ by {result.checkpoint_error}"
+    lo, hi = family.train.get("t_range", (0.0, 1.0))
+    assert all(lo - 1e-3 <= s <= hi + 1e-3 for s in result.sigmas) or not family.train, result.sigmas

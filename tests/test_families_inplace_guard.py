@@ -1,0 +1,79 @@
+"""engine/patches_guard.py: a block that writes into its input stops training with an error naming
+the block, before any gradient is computed (the safety net for blocks PipeTrain has no
+out-of-place copy of, e.g. a newer ComfyUI's)."""
+import pytest
+import torch
+from torch import nn
+
+import family_configs as fc
+
+
+@pytest.fixture(scope="module")
+def comfy(comfy_root):
+    from PipeTrain.engine.comfy_bootstrap import import_comfy
+
+    import_comfy(comfy_root)
+
+
+class _InPlaceBlock(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj, self.out = nn.Linear(4, 4), nn.Linear(4, 4)
+
+    def forward(self, x):
+        x += self.out(self.proj(x))
+        return x
+
+
+def _plain():
+    return nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4))
+
+
+class _Model(nn.Module):
+    def __init__(self, block):
+        super().__init__()
+        self.blocks = nn.ModuleList([_plain(), block])
+
+    def forward(self, x):
+        for b in self.blocks:
+            x = b(x)
+        return x
+
+
+def test_unknown_inplace_block_is_named():
+    from PipeTrain.engine.patches_guard import InPlaceBlockError, guard_blocks
+
+    model = _Model(_InPlaceBlock())
+    assert guard_blocks(model) == 2
+    with pytest.raises(InPlaceBlockError, match=r"block 1 \(.*_InPlaceBlock\) updated an input tensor \(2, 4\)"):
+        model(torch.randn(2, 4))
+
+
+def test_out_of_place_block_passes_and_hooks_go_away():
+    from PipeTrain.engine.patches_guard import guard_blocks
+
+    model = _Model(_plain())
+    guard_blocks(model)
+    model(torch.randn(2, 4))
+    assert all(not b._forward_hooks and not b._forward_pre_hooks for b in model.blocks)
+
+
+@pytest.mark.parametrize("name", ["flux", "ltxv", "hunyuan_video"])
+def test_comfyui_inplace_blocks_without_patch_are_caught(comfy, name):
+    """ComfyUI 0.3.75's own in-place blocks with PipeTrain's copies taken out: the guard reports them."""
+    from PipeTrain.engine import patches
+    from PipeTrain.engine.objective import DiffusionObjective
+    from PipeTrain.engine.patches_guard import InPlaceBlockError, guard_blocks
+
+    family = next(f for f in fc.FAMILIES if f.name == name)
+    model = fc.build(family)
+    was = patches.installed()
+    patches.uninstall()
+    try:
+        guard_blocks(model.diffusion_model)
+        latents, conds = fc.batch(family)
+        with pytest.raises(InPlaceBlockError, match="updated an input tensor"):
+            DiffusionObjective(model, seed=0)(latents, conds, [0])
+    finally:
+        if was:
+            patches.install(strict=True)

@@ -1,0 +1,90 @@
+"""Pipeline parallelism for Wan 2.1 image-to-video: concat channels (start frame + mask) and CLIP
+vision tokens, as ComfyUI's WAN21 model_base feeds them. The stage layers equal apply_model bit for
+bit, and a 2-stage DeepSpeed pipeline (2 gloo processes) trains like one process at gas 1 and 4."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import tiny_wan
+from engine_runs import run_to_end
+from PipeTrain.engine.config import ConfigError, LaunchSpec, LoraSpec, MemorySpec, RunConfig, TrainSpec
+
+
+@pytest.fixture(scope="module")
+def i2v_files(comfy_root, tmp_path_factory):
+    from PipeTrain.engine.comfy_bootstrap import import_comfy
+
+    import_comfy(comfy_root)
+    root = tmp_path_factory.mktemp("tiny-wan-i2v")
+    model = tiny_wan.write_model(root / "tiny_wan_i2v.safetensors", i2v=True)
+    return str(model), tiny_wan.write_cache(root / "data", i2v=True)
+
+
+def _prepared(model, cache):
+    from PipeTrain.engine.cache_format import CachedDataset
+    from PipeTrain.engine.data import SampleStream, collate
+    from PipeTrain.engine.objective import DiffusionObjective
+
+    dataset = CachedDataset(cache)
+    latents, conds, ids = collate(dataset, SampleStream([1] * len(dataset), 3), [0, 1], torch.device("cpu"))
+    return DiffusionObjective(model, seed=3).prepare(latents, conds, ids)
+
+
+def test_i2v_stage_layers_equal_comfyui_forward(i2v_files):
+    import comfy.sd
+
+    from PipeTrain.engine.models import adapter_for
+
+    model = comfy.sd.load_diffusion_model(i2v_files[0]).model
+    assert model.diffusion_model.img_emb is not None, "the tiny file was not detected as Wan i2v"
+    prepared = _prepared(model, i2v_files[1])
+    assert {"c_concat", "clip_fea"} <= set(prepared.kwargs), sorted(prepared.kwargs)
+    with torch.no_grad():
+        reference = model.apply_model(prepared.xt, prepared.sigma, transformer_options={}, **prepared.kwargs)
+        adapter = adapter_for(model)
+        acts = adapter.first_stage_inputs(prepared)
+        for layer in adapter.layers(model):
+            acts = layer(acts)
+    assert torch.equal(acts, reference)
+
+
+def test_i2v_model_without_clip_vision_in_the_cache_is_refused(i2v_files):
+    import comfy.sd
+
+    from PipeTrain.engine.models import adapter_for
+
+    model = comfy.sd.load_diffusion_model(i2v_files[0]).model
+    adapter = adapter_for(model)
+    prepared = _prepared(model, i2v_files[1])
+    prepared.kwargs.pop("clip_fea")
+    with pytest.raises(ConfigError, match="clip_vision_output"):
+        acts = adapter.first_stage_inputs(prepared)
+        for layer in adapter.layers(model):
+            acts = layer(acts)
+
+
+def _config(run_dir: Path, comfy_root: str, files, processes: int, stages: int, grad_accum: int) -> RunConfig:
+    cfg = RunConfig(run_name=run_dir.name, run_dir=str(run_dir), comfyui_root=comfy_root, model_path=files[0],
+                    cache_dir=files[1], lora=LoraSpec(rank=4, targets="attention_mlp"),
+                    memory=MemorySpec(pipeline_stages=stages),
+                    train=TrainSpec(steps=2, learning_rate=1e-3, batch_size=1, grad_accum=grad_accum, seed=1),
+                    launch=LaunchSpec(num_gpus=processes))
+    cfg.validate()
+    return cfg
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("grad_accum", [1, 4])
+def test_i2v_two_stage_pipeline_trains_like_one_process(tmp_path, comfy_root, i2v_files, grad_accum):
+    plain = run_to_end(_config(tmp_path / "plain", comfy_root, i2v_files, 1, 1, grad_accum))
+    piped = run_to_end(_config(tmp_path / "piped", comfy_root, i2v_files, 2, 2, grad_accum))
+    assert plain.losses() == pytest.approx(piped.losses(), rel=1e-5, abs=1e-7)
+    a = load_file(str(Path(plain.cfg.run_dir) / "lora" / "lora_final.safetensors"))
+    b = load_file(str(Path(piped.cfg.run_dir) / "lora" / "lora_final.safetensors"))
+    assert a.keys() == b.keys()
+    for k in a:
+        torch.testing.assert_close(b[k], a[k], rtol=1e-4, atol=1e-6)

@@ -1,0 +1,49 @@
+"""The training view in a real browser: headless Chromium (playwright-core) against a real ComfyUI
+server with the pack. Loads the example workflow, presses Run, sees the loss chart fill and a sample
+appear (strip and node preview), reloads the page mid-run and sees the chart come back, presses
+Cancel and sees training stop. The workflow is opened from ComfyUI's template browser. Screenshots: tests/artifacts/<time>/ (kept by CI as artifacts)."""
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from engine_runs import engine_processes
+from tools.node_runtime import node_binary
+
+pytestmark = pytest.mark.slow
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_run_chart_samples_reload_and_cancel_in_the_browser(comfy_server, demo_base):
+    node = node_binary()
+    assert node, "node >= 20 is not installed: run scripts/ui_deps.sh"
+    assert (REPO / "node_modules" / "playwright-core").is_dir(), "playwright-core missing: run scripts/ui_deps.sh"
+    artifacts = REPO / "tests" / "artifacts" / time.strftime("%Y%m%d-%H%M%S")
+    run_name = f"ui_browser_{int(time.time())}"
+    out = subprocess.run([node, str(REPO / "tests" / "ui" / "browser_train.mjs"), comfy_server.url, str(artifacts),
+                          run_name],
+                         capture_output=True, text=True, timeout=480, cwd=REPO)
+    lines = out.stdout.strip().splitlines()
+    summary = json.loads(lines[-1]) if lines else {}
+    assert out.returncode == 0 and summary.get("ok"), (
+        f"browser test failed (screenshots in {artifacts}):\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}\n"
+        f"{comfy_server.log_tail()}")
+
+    thumbnail = Image.open(REPO / "example_workflows" / "train_lora_then_test.jpg").size
+    assert summary["templates"] == [list(thumbnail)], summary["templates"]  # listed, with our thumbnail
+    assert summary["training"]["points"] >= 6 and "training" in summary["statuses"]
+    assert summary["samples"]["samplesLoaded"] >= 1 and summary["samples"]["preview"] >= 1
+    assert summary["reloaded"]["points"] >= summary["samples"]["points"], "the chart did not survive the reload"
+    assert summary["cancelSeconds"] < 20, summary
+    run_dir = Path(demo_base["base_dir"]) / "output" / "pipetrain" / run_name
+    events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+    assert events[-1]["event"] == "cancelled", events[-3:]
+    assert not engine_processes(str(run_dir)), "a training process outlived Cancel"
+    assert (run_dir / "checkpoints" / "latest").is_file()
+    for name in ("02_chart.png", "03_samples.png", "04_after_reload.png", "05_cancelled.png"):
+        assert (artifacts / name).stat().st_size > 10_000, name

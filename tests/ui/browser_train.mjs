@@ -1,0 +1,127 @@
+// Browser test of the training view, driven by tests/test_ui_browser.py against a real ComfyUI:
+// open the example workflow from ComfyUI's template browser, press Run, see the loss chart fill and a sample appear (strip and node
+// preview), reload the page mid-run and see the chart come back, press Cancel and see the run stop.
+// Screenshots go to <artifacts dir>; the last stdout line is a JSON summary for the Python side.
+//
+//   node tests/ui/browser_train.mjs <comfyui url> <artifacts dir> <run name>
+import fs from "node:fs";
+import path from "node:path";
+import { openBrowser, openComfy } from "../../tools/chromium.mjs";
+
+const [url, artifacts, runName] = process.argv.slice(2);
+const TRAIN_ID = 8;
+fs.mkdirSync(artifacts, { recursive: true });
+const summary = { statuses: [], steps: {} };
+const VIEW = { width: 1700, height: 1200 };
+const browser = await openBrowser(VIEW);
+const { page } = browser;
+const shot = (name) => page.screenshot({ path: path.join(artifacts, name) });
+const log = [];
+page.on("console", (m) => log.push(`[${m.type()}] ${m.text()}`));
+page.on("pageerror", (e) => log.push(`[pageerror] ${e.message}`));
+
+async function view() {
+  return page.evaluate((id) => {
+    const node = window.app.graph.getNodeById(id);
+    const root = node?.pipetrainView?.root;
+    if (!root) return null;
+    const imgs = [...root.querySelectorAll(".pipetrain-samples img")];
+    const previews = window.app.nodePreviewImages?.[String(id)] || window.app.nodePreviewImages?.[id] || [];
+    return {
+      status: root.dataset.status,
+      points: Number(root.dataset.points || 0),
+      line: root.querySelector(".pipetrain-status")?.textContent || "",
+      samplesLoaded: imgs.filter((i) => i.complete && i.naturalWidth > 0).length,
+      preview: (previews.length || 0) + (node.imgs?.length || 0),
+    };
+  }, TRAIN_ID);
+}
+
+async function until(what, test, timeoutMs) {
+  const deadline = Date.now() + timeoutMs;
+  let last = null;
+  while (Date.now() < deadline) {
+    last = await view();
+    if (last && !summary.statuses.includes(last.status)) summary.statuses.push(last.status);
+    if (last && test(last)) return last;
+    await page.waitForTimeout(200);
+  }
+  throw new Error(`timed out waiting for ${what}; last view: ${JSON.stringify(last)}`);
+}
+
+async function focusTrainNode() {
+  // The training view (status, chart, samples) is at the bottom of the node: bring it into view.
+  await page.locator("[data-testid=close-minmap-button]").click({ timeout: 2000 }).catch(() => {});
+  await page.evaluate(({ id, height }) => {
+    const node = window.app.graph.getNodeById(id);
+    const ds = window.app.canvas.ds;
+    ds.scale = 0.85;
+    ds.offset = [-node.pos[0] + 120, (height - 30) / ds.scale - (node.pos[1] + node.size[1])];
+    window.app.graph.setDirtyCanvas(true, true);
+  }, { id: TRAIN_ID, height: VIEW.height });
+  await page.waitForTimeout(300);
+}
+
+try {
+  await openComfy(page, url);
+  // The example workflow, as a user finds it: Templates -> PipeTrain -> train_lora_then_test.
+  await page.getByRole("button", { name: "Templates" }).click();
+  await page.getByText("PipeTrain", { exact: true }).first().click();
+  const card = page.getByText("train_lora_then_test", { exact: true });
+  await card.waitFor({ timeout: 30000 });
+  // The card's thumbnail (the frontend shows it from a blob URL): its pixel size identifies our .jpg.
+  const thumbs = () => [...document.querySelectorAll("[role=dialog] img, .p-dialog img")]
+    .filter((i) => i.complete && i.naturalWidth > 0).map((i) => [i.naturalWidth, i.naturalHeight]);
+  await page.waitForFunction(() => [...document.querySelectorAll("[role=dialog] img, .p-dialog img")]
+    .some((i) => i.complete && i.naturalWidth > 0), null, { timeout: 15000 }).catch(() => {});
+  summary.templates = await page.evaluate(thumbs);
+  await shot("00_templates.png");
+  await card.click();
+  await page.waitForFunction(() => window.app.graph.getNodeById(8)?.comfyClass === "PipeTrainTrainPipeline",
+                             null, { timeout: 30000 });
+  await page.evaluate(async ({ runName }) => {
+    const node = window.app.graph.getNodeById(8);
+    const set = (name, value) => { node.widgets.find((w) => w.name === name).value = value; };
+    set("steps", 100000); // runs until Cancel
+    set("num_gpus", 1);
+    set("sample_every", 4);
+    set("run_name", runName);
+  }, { runName });
+  await focusTrainNode();
+  await shot("01_loaded.png");
+
+  await page.getByRole("button", { name: "Run", exact: true }).click();
+  const t0 = Date.now();
+  summary.training = await until("the loss chart to fill", (v) => v.points >= 6, 180000);
+  summary.steps.firstChart = Date.now() - t0;
+  await focusTrainNode();
+  await shot("02_chart.png");
+  summary.samples = await until("a sample in the strip and the node preview", (v) => v.samplesLoaded >= 1 && v.preview >= 1, 120000);
+  await shot("03_samples.png");
+
+  // A page reload mid-run: the chart and samples come back from /pipetrain/run_state.
+  const before = summary.samples.points;
+  await page.reload();
+  await openComfy(page, url);
+  summary.reloaded = await until("the chart after a reload", (v) => v.points >= before && v.samplesLoaded >= 1, 60000);
+  await focusTrainNode();
+  await shot("04_after_reload.png");
+
+  const pressed = Date.now();
+  await page.getByRole("button", { name: "Cancel current run" }).click();
+  summary.cancelled = await until("the cancelled status", (v) => v.status === "cancelled", 60000);
+  summary.cancelSeconds = (Date.now() - pressed) / 1000;
+  await page.waitForTimeout(500);
+  await focusTrainNode();
+  await shot("05_cancelled.png");
+  summary.ok = true;
+} catch (e) {
+  summary.ok = false;
+  summary.error = String(e?.stack || e);
+  await shot("99_failure.png").catch(() => {});
+} finally {
+  fs.writeFileSync(path.join(artifacts, "console.log"), log.join("\n") + "\n");
+  await browser.close();
+}
+console.log(JSON.stringify(summary));
+process.exit(summary.ok ? 0 : 1);

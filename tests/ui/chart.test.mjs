@@ -1,0 +1,141 @@
+// Unit tests of web/chart.js (pure code: state reducer, smoothing, ETA, ticks, layout, drawing).
+// Run: node --test tests/ui/   (tests/test_ui_chart.py runs them in CI)
+import assert from "node:assert/strict";
+import { test } from "node:test";
+import {
+  applyEvent, applyMessage, autoWeight, downsample, drawChart, emptyRun, etaSeconds, formatDuration, layout,
+  nearestStep, niceTicks, smooth, stateFromSnapshot, statusLine, xEnd,
+} from "../../web/chart.js";
+
+const step = (s, loss, t, lr = 1e-3) => ({ event: "step", step: s, total: 10, loss, lr, time: t });
+
+test("smoothing is debiased: a constant series stays constant, a step change is followed gradually", () => {
+  assert.deepEqual(smooth([2, 2, 2], 0.9).map((v) => +v.toFixed(12)), [2, 2, 2]);
+  const s = smooth([0, 0, 0, 10, 10, 10], 0.5);
+  assert.equal(s[2], 0);
+  assert.ok(s[3] > 0 && s[3] < 10 && s[4] > s[3] && s[5] > s[4] && s[5] < 10);
+  assert.deepEqual(smooth([1, 5, 3], 0), [1, 5, 3]);
+  assert.equal(smooth([1, NaN, 3], 0.5)[1], 1); // a non-finite loss does not poison the curve
+});
+
+test("auto smoothing grows with the number of points and stays below 1", () => {
+  assert.ok(autoWeight(5) < autoWeight(100) && autoWeight(100) < autoWeight(100000));
+  assert.ok(autoWeight(1e9) <= 0.98);
+});
+
+test("events build the run: steps in order, a resumed run's repeated steps replaced, status follows", () => {
+  let st = emptyRun("r", 10);
+  applyEvent(st, { event: "started", step: 0, total: 10 });
+  assert.equal(st.status, "training");
+  [step(1, 1.0, 100), step(2, 0.8, 101), step(3, 0.7, 102)].forEach((e) => applyEvent(st, e));
+  applyEvent(st, step(2, 0.5, 200)); // resumed from step 1
+  assert.deepEqual(st.steps.map((r) => [r[0], r[1]]), [[1, 1.0], [2, 0.5], [3, 0.7]]);
+  applyEvent(st, { event: "sampling", step: 3 });
+  assert.equal(st.status, "sampling");
+  applyEvent(st, { event: "sample", step: 3 });
+  assert.equal(st.status, "training");
+  applyEvent(st, { event: "error", message: "CacheError: damaged file" });
+  assert.equal(st.status, "failed");
+  assert.match(statusLine(st), /failed .* — CacheError: damaged file/);
+});
+
+test("messages: reset starts over, samples replace the same step, status overrides", () => {
+  let st = applyMessage(null, { type: "reset", run: "a", total: 5 });
+  assert.equal(st.status, "loading");
+  st = applyMessage(st, { type: "event", run: "a", event: step(1, 0.3, 1) });
+  st = applyMessage(st, { type: "samples", run: "a", step: 1, images: [{ filename: "x.png" }] });
+  st = applyMessage(st, { type: "samples", run: "a", step: 1, images: [{ filename: "y.png" }] });
+  assert.equal(st.samples.length, 1);
+  assert.equal(st.samples[0].images[0].filename, "y.png");
+  st = applyMessage(st, { type: "status", run: "a", status: "cancelled" });
+  assert.equal(st.status, "cancelled");
+  st = applyMessage(st, { type: "event", run: "b", event: step(1, 9, 1) }); // another run on the same node
+  assert.equal(st.run, "b");
+  assert.equal(st.steps.length, 1);
+});
+
+test("a snapshot (page reload) rebuilds the same state as the live messages", () => {
+  const events = [{ event: "started", step: 0, total: 10 }, step(1, 1, 10), step(2, 0.9, 11), { event: "sampling", step: 2 },
+    { event: "sample", step: 2, path: "p" }];
+  const samples = [{ step: 2, images: [{ filename: "s.png" }], prompts: ["a"] }];
+  let live = applyMessage(null, { type: "reset", run: "r", total: 10 });
+  for (const e of events) live = applyMessage(live, { type: "event", run: "r", event: e });
+  live = applyMessage(live, { type: "samples", run: "r", ...samples[0] });
+  const snap = stateFromSnapshot({ run: "r", total: 10, status: "training", events, samples });
+  assert.deepEqual(snap, live);
+});
+
+test("ETA from the pace of recent steps; unknown until two steps", () => {
+  assert.equal(etaSeconds([[1, 1, 0, 100]], 10), null);
+  assert.equal(etaSeconds([[1, 1, 0, 100], [3, 1, 0, 104]], 11), 16); // 2 s/step x 8 steps left
+  assert.equal(etaSeconds([[1, 1, 0, 100], [10, 1, 0, 104]], 10), 0);
+  assert.equal(formatDuration(16), "0:16");
+  assert.equal(formatDuration(3725), "1:02:05");
+  assert.equal(formatDuration(null), "?");
+  const st = emptyRun("r", 11);
+  st.status = "training";
+  st.steps = [[1, 0.5, 0, 100], [3, 0.25, 0, 104]];
+  assert.equal(statusLine(st), "training · step 3/11 · loss 0.2500 · ETA 0:16");
+});
+
+test("ticks are round numbers inside the range", () => {
+  assert.deepEqual(niceTicks(0, 100, 5), [0, 20, 40, 60, 80, 100]);
+  assert.deepEqual(niceTicks(0.013, 0.047, 4), [0.02, 0.03, 0.04]);
+  assert.deepEqual(niceTicks(3, 3), [3]);
+});
+
+test("downsampling keeps spikes and the point count bounded", () => {
+  const pts = Array.from({ length: 10000 }, (_, i) => [i, i === 5000 ? 100 : 1]);
+  const d = downsample(pts, 200);
+  assert.ok(d.length <= 200);
+  assert.ok(d.some((p) => p[1] === 100));
+  assert.equal(downsample(pts.slice(0, 10), 200).length, 10);
+});
+
+test("layout maps the first/last step and the loss range into the plot area", () => {
+  const L = layout([[1, 0.5, 0, 0], [10, 1.5, 0, 0]], 10, 300, 200);
+  assert.equal(L.sx(0), L.pad.left);
+  assert.equal(L.sx(10), 300 - L.pad.right);
+  assert.ok(L.sy(1.5) > L.pad.top && L.sy(0.5) < 200 - L.pad.bottom && L.sy(1.5) < L.sy(0.5));
+  assert.ok(Math.abs(L.stepAt(L.sx(7)) - 7) < 1e-9);
+  assert.deepEqual(nearestStep([[1], [5], [9]], 6.9), [5]);
+  assert.deepEqual(nearestStep([[1], [5], [9]], 7.1), [9]);
+  // a long run's first steps fill the chart; the axis grows toward the total as it trains
+  assert.equal(xEnd(6, 100000), 10);
+  assert.equal(xEnd(800, 100000), 1000);
+  assert.equal(xEnd(90000, 100000), 100000);
+  assert.equal(xEnd(12, 0), 12);
+});
+
+function recorder() {
+  const calls = [];
+  return new Proxy({ calls }, {
+    get(target, prop) {
+      if (prop in target) return target[prop];
+      return (...args) => calls.push([prop, ...args]);
+    },
+    set(target, prop, value) {
+      calls.push(["set", prop, value]);
+      return true;
+    },
+  });
+}
+
+test("drawing: raw and smoothed polylines over every step, hover shows the step's LR", () => {
+  const st = emptyRun("r", 4);
+  [step(1, 1.0, 1, 0.001), step(2, 0.5, 2, 0.002), step(3, 0.75, 3, 0.003), step(4, 0.25, 4, 0.004)]
+    .forEach((e) => applyEvent(st, e));
+  const ctx = recorder();
+  const { layout: L, hover } = drawChart(ctx, st, 400, 200, null);
+  assert.equal(hover, null);
+  const lineTos = ctx.calls.filter((c) => c[0] === "lineTo").length;
+  assert.ok(lineTos >= 2 + 3 + 3, `expected two 4-point polylines, got ${lineTos} lineTo calls`);
+  const ctx2 = recorder();
+  const drawn = drawChart(ctx2, st, 400, 200, L.sx(3) + 1);
+  assert.equal(drawn.hover.step, 3);
+  assert.equal(drawn.hover.lr, 0.003);
+  assert.ok(ctx2.calls.some((c) => c[0] === "fillText" && /lr 3\.00e-3/.test(c[1])));
+  const empty = recorder();
+  drawChart(empty, emptyRun(), 400, 200);
+  assert.ok(empty.calls.some((c) => c[0] === "fillText" && /loss appears here/.test(c[1])));
+});

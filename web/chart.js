@@ -1,0 +1,289 @@
+// PipeTrain's training view, the pure part: run state from messages, loss smoothing, ETA, chart
+// layout and drawing on any CanvasRenderingContext2D-like object. No DOM or ComfyUI imports, so
+// tests/ui/chart.test.mjs runs it under plain node.
+
+/** A fresh run state. steps: [[step, loss, lr, time], ...] in step order. */
+export function emptyRun(run = "", total = 0) {
+  return { run, total, steps: [], samples: [], status: "idle", reason: "", warnings: [] };
+}
+
+const FINISHED = new Set(["done", "cancelled", "failed"]);
+
+/** Apply one engine event ({event, step, loss, lr, time, ...}) to a run state (returns the state). */
+export function applyEvent(state, ev) {
+  if (!ev || typeof ev !== "object") return state;
+  if (Number.isFinite(ev.total) && ev.total > 0) state.total = ev.total;
+  switch (ev.event) {
+    case "started":
+      state.status = "training";
+      break;
+    case "step": {
+      if (!Number.isFinite(ev.loss)) break;
+      const rec = [ev.step, ev.loss, Number.isFinite(ev.lr) ? ev.lr : 0, Number.isFinite(ev.time) ? ev.time : 0];
+      const last = state.steps[state.steps.length - 1];
+      if (!last || last[0] < ev.step) state.steps.push(rec);
+      else {
+        // a resumed run repeats steps: keep the newest value at its place
+        const i = state.steps.findIndex((r) => r[0] >= ev.step);
+        if (state.steps[i][0] === ev.step) state.steps[i] = rec;
+        else state.steps.splice(i, 0, rec);
+      }
+      if (!FINISHED.has(state.status)) state.status = ev.step >= state.total && state.total > 0 ? "saving" : "training";
+      break;
+    }
+    case "sampling":
+      if (!FINISHED.has(state.status)) state.status = "sampling";
+      break;
+    case "sample":
+      if (!FINISHED.has(state.status)) state.status = "training";
+      break;
+    case "saved":
+    case "checkpoint":
+      if (!FINISHED.has(state.status) && state.status !== "stopping") state.status = "training";
+      break;
+    case "warning":
+      if (ev.message && !state.warnings.includes(ev.message)) state.warnings.push(ev.message);
+      break;
+    case "done":
+    case "cancelled":
+      state.status = ev.event;
+      break;
+    case "error":
+      state.status = "failed";
+      state.reason = ev.message || state.reason;
+      break;
+  }
+  return state;
+}
+
+/** Apply one `pipetrain.run` message ({type: reset|event|samples|status, ...}); returns the state. */
+export function applyMessage(state, msg) {
+  if (!msg) return state;
+  if (msg.type === "reset" || !state || (msg.run && state.run && msg.run !== state.run)) {
+    state = emptyRun(msg.run || "", msg.total || 0);
+    state.status = msg.status || "loading";
+    if (msg.type === "reset") return state;
+  }
+  if (msg.type === "event") applyEvent(state, msg.event);
+  else if (msg.type === "samples") {
+    state.samples = state.samples.filter((s) => s.step !== msg.step);
+    state.samples.push({ step: msg.step, images: msg.images || [], prompts: msg.prompts || [] });
+  } else if (msg.type === "status") {
+    state.status = msg.status;
+    if (msg.reason) state.reason = msg.reason;
+  }
+  return state;
+}
+
+/** The state a reloaded page rebuilds from GET /pipetrain/run_state (same reducer as live messages). */
+export function stateFromSnapshot(snap) {
+  let state = emptyRun(snap.run, snap.total);
+  state.status = "loading";
+  for (const ev of snap.events || []) applyEvent(state, ev);
+  for (const s of snap.samples || []) state = applyMessage(state, { type: "samples", run: snap.run, ...s });
+  if (snap.status && snap.status !== "loading") state.status = snap.status;
+  if (snap.reason) state.reason = snap.reason;
+  return state;
+}
+
+/** TensorBoard-style exponential moving average, debiased so the first points are not pulled to 0. */
+export function smooth(values, weight = 0.9) {
+  const out = [];
+  let acc = 0;
+  let n = 0;
+  for (const v of values) {
+    if (!Number.isFinite(v)) {
+      out.push(out.length ? out[out.length - 1] : NaN);
+      continue;
+    }
+    acc = acc * weight + (1 - weight) * v;
+    n += 1;
+    out.push(weight === 0 ? v : acc / (1 - Math.pow(weight, n)));
+  }
+  return out;
+}
+
+/** Smoothing weight for n points: more points, smoother (0.6 for a handful up to 0.98). */
+export function autoWeight(n) {
+  if (n < 10) return 0.6;
+  return Math.min(0.98, 1 - 3 / Math.sqrt(n));
+}
+
+/** Seconds left, from the pace of the recent steps (event times), or null when unknown. */
+export function etaSeconds(steps, total, window = 50) {
+  if (!total || steps.length < 2) return null;
+  const last = steps[steps.length - 1];
+  if (last[0] >= total) return 0;
+  const first = steps[Math.max(0, steps.length - 1 - window)];
+  const dt = last[3] - first[3];
+  const ds = last[0] - first[0];
+  if (!(dt > 0) || !(ds > 0)) return null;
+  return (dt / ds) * (total - last[0]);
+}
+
+export function formatDuration(seconds) {
+  if (seconds === null || !Number.isFinite(seconds)) return "?";
+  const s = Math.max(0, Math.round(seconds));
+  const h = Math.floor(s / 3600);
+  const m = Math.floor((s % 3600) / 60);
+  const sec = String(s % 60).padStart(2, "0");
+  return h ? `${h}:${String(m).padStart(2, "0")}:${sec}` : `${m}:${sec}`;
+}
+
+const STATUS_WORDS = {
+  idle: "not started", loading: "loading the model", training: "training", sampling: "rendering samples",
+  saving: "saving", stopping: "stopping (checkpoint)", done: "done", cancelled: "cancelled", failed: "failed",
+  caching: "caching latents",
+};
+
+/** One status line, e.g. "training · step 12/60 · loss 0.1234 · ETA 0:34". */
+export function statusLine(state) {
+  const word = STATUS_WORDS[state.status] || state.status;
+  const parts = [word];
+  const last = state.steps[state.steps.length - 1];
+  if (last) parts.push(`step ${last[0]}/${state.total || "?"}`, `loss ${last[1].toFixed(4)}`);
+  if (["training", "sampling", "saving"].includes(state.status)) {
+    const eta = etaSeconds(state.steps, state.total);
+    if (eta !== null) parts.push(`ETA ${formatDuration(eta)}`);
+  }
+  let line = parts.join(" · ");
+  if (state.status === "failed" && state.reason) line += ` — ${state.reason}`;
+  return line;
+}
+
+/** Round tick values covering [min, max] (about `count` of them). */
+export function niceTicks(min, max, count = 5) {
+  if (!Number.isFinite(min) || !Number.isFinite(max)) return [];
+  if (max === min) return [min];
+  const raw = (max - min) / Math.max(1, count);
+  const mag = Math.pow(10, Math.floor(Math.log10(raw)));
+  const step = [1, 2, 5, 10].map((f) => f * mag).find((s) => s >= raw) || 10 * mag;
+  const ticks = [];
+  for (let v = Math.ceil(min / step) * step; v <= max + step * 1e-9; v += step) ticks.push(Number(v.toPrecision(12)));
+  return ticks;
+}
+
+/** At most `maxPoints` points kept, each bucket's min and max (spikes stay visible). */
+export function downsample(points, maxPoints) {
+  if (points.length <= maxPoints) return points;
+  const buckets = Math.max(1, Math.floor(maxPoints / 2));
+  const size = points.length / buckets;
+  const out = [];
+  for (let b = 0; b < buckets; b++) {
+    const part = points.slice(Math.floor(b * size), Math.floor((b + 1) * size));
+    if (!part.length) continue;
+    let lo = part[0];
+    let hi = part[0];
+    for (const p of part) {
+      if (p[1] < lo[1]) lo = p;
+      if (p[1] > hi[1]) hi = p;
+    }
+    out.push(...(lo[0] <= hi[0] ? [lo, hi] : [hi, lo]).filter((p, i, a) => i === 0 || p !== a[0]));
+  }
+  return out;
+}
+
+export const PAD = { left: 46, right: 10, top: 10, bottom: 22 };
+
+/** Right end of the x axis: the run's total once a tenth of it is done; before that a little past
+ *  the newest step, so the first steps of a long run are not squeezed into the left edge. */
+export function xEnd(lastStep, total) {
+  const ahead = Math.max(10, Math.ceil(lastStep * 1.25));
+  if (!total) return Math.max(lastStep, 1);
+  return Math.max(lastStep, Math.min(total, ahead));
+}
+
+/** Scales for the chart: x over steps (0..xEnd), y over the loss range with a little margin. */
+export function layout(steps, total, width, height, pad = PAD) {
+  const xs = steps.map((r) => r[0]);
+  const ys = steps.map((r) => r[1]).filter(Number.isFinite);
+  const x0 = 0;
+  const x1 = xEnd(xs.length ? xs[xs.length - 1] : 0, total);
+  let y0 = ys.length ? Math.min(...ys) : 0;
+  let y1 = ys.length ? Math.max(...ys) : 1;
+  if (y1 - y0 < 1e-12) {
+    y0 -= 0.5 * Math.abs(y0 || 1);
+    y1 += 0.5 * Math.abs(y1 || 1);
+  }
+  const margin = (y1 - y0) * 0.05;
+  y0 -= margin;
+  y1 += margin;
+  const w = Math.max(1, width - pad.left - pad.right);
+  const h = Math.max(1, height - pad.top - pad.bottom);
+  return {
+    x0, x1, y0, y1, pad, width, height,
+    sx: (s) => pad.left + ((s - x0) / (x1 - x0)) * w,
+    sy: (v) => pad.top + (1 - (v - y0) / (y1 - y0)) * h,
+    stepAt: (px) => x0 + ((px - pad.left) / w) * (x1 - x0),
+  };
+}
+
+/** The recorded step nearest to step value `s` (binary search), or null. */
+export function nearestStep(steps, s) {
+  if (!steps.length) return null;
+  let lo = 0;
+  let hi = steps.length - 1;
+  while (hi - lo > 1) {
+    const mid = (lo + hi) >> 1;
+    if (steps[mid][0] < s) lo = mid;
+    else hi = mid;
+  }
+  return Math.abs(steps[lo][0] - s) <= Math.abs(steps[hi][0] - s) ? steps[lo] : steps[hi];
+}
+
+export const COLORS = { raw: "rgba(120,160,255,0.35)", smooth: "#4c8dff", axis: "#888", text: "#ccc", hover: "#ffb347" };
+
+function polyline(ctx, pts, L) {
+  ctx.beginPath();
+  pts.forEach(([s, v], i) => (i ? ctx.lineTo(L.sx(s), L.sy(v)) : ctx.moveTo(L.sx(s), L.sy(v))));
+  ctx.stroke();
+}
+
+/** Draw the loss chart (raw and smoothed) and, when hoverPx is set, the hovered step with its LR.
+ *  Returns what was drawn ({layout, hover}), for tests and the caller's tooltip. */
+export function drawChart(ctx, state, width, height, hoverPx = null) {
+  ctx.clearRect(0, 0, width, height);
+  const L = layout(state.steps, state.total, width, height);
+  ctx.strokeStyle = COLORS.axis;
+  ctx.fillStyle = COLORS.text;
+  ctx.lineWidth = 1;
+  ctx.font = "10px sans-serif";
+  ctx.beginPath();
+  ctx.moveTo(L.pad.left, L.pad.top);
+  ctx.lineTo(L.pad.left, height - L.pad.bottom);
+  ctx.lineTo(width - L.pad.right, height - L.pad.bottom);
+  ctx.stroke();
+  for (const v of niceTicks(L.y0, L.y1, 4)) ctx.fillText(v.toPrecision(3), 2, L.sy(v) + 3);
+  for (const s of niceTicks(L.x0, L.x1, 5)) ctx.fillText(String(s), L.sx(s) - 6, height - 6);
+  if (!state.steps.length) {
+    ctx.fillText("loss appears here once training steps arrive", L.pad.left + 8, L.pad.top + 14);
+    return { layout: L, hover: null };
+  }
+  const maxPts = Math.max(2, Math.floor(width - L.pad.left - L.pad.right) * 2);
+  const raw = downsample(state.steps.map((r) => [r[0], r[1]]), maxPts);
+  const sm = smooth(state.steps.map((r) => r[1]), autoWeight(state.steps.length));
+  const smoothPts = downsample(state.steps.map((r, i) => [r[0], sm[i]]), maxPts);
+  ctx.strokeStyle = COLORS.raw;
+  polyline(ctx, raw, L);
+  ctx.strokeStyle = COLORS.smooth;
+  ctx.lineWidth = 2;
+  polyline(ctx, smoothPts, L);
+  ctx.lineWidth = 1;
+  let hover = null;
+  if (hoverPx !== null && hoverPx >= L.pad.left) {
+    const rec = nearestStep(state.steps, L.stepAt(hoverPx));
+    if (rec) {
+      const i = state.steps.indexOf(rec);
+      hover = { step: rec[0], loss: rec[1], smoothed: sm[i], lr: rec[2] };
+      ctx.strokeStyle = COLORS.hover;
+      ctx.beginPath();
+      ctx.moveTo(L.sx(rec[0]), L.pad.top);
+      ctx.lineTo(L.sx(rec[0]), height - L.pad.bottom);
+      ctx.stroke();
+      ctx.fillStyle = COLORS.hover;
+      const label = `step ${rec[0]}  loss ${rec[1].toFixed(4)}  smoothed ${sm[i].toFixed(4)}  lr ${rec[2].toExponential(2)}`;
+      ctx.fillText(label, L.pad.left + 4, L.pad.top + 10);
+    }
+  }
+  return { layout: L, hover };
+}
