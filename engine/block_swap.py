@@ -142,6 +142,7 @@ class BlockSwapper:
         self._needs_backward: set[int] = set()
         self._device_ptrs: dict[int, int] = {}  # device buffer address -> position, for saved-tensor packing
         self._backward_open = False
+        self._hold = False  # all_resident(): no releases while set
         self._handles = []
         for position, block in enumerate(all_blocks):
             self._handles.append(block.register_forward_pre_hook(functools.partial(self._before_forward, position)))
@@ -161,6 +162,22 @@ class BlockSwapper:
         finally:
             for slot in self.slots.values():
                 slot.release()
+
+    @contextlib.contextmanager
+    def all_resident(self):
+        """Every swapped block on the device for the duration: no copies per block (sample rendering,
+        when the memory for the whole model is there). Afterwards the swap schedule resumes."""
+        for position in self.order:
+            self._activate(position, late_ok=True)
+        self._hold = True
+        try:
+            yield
+        finally:
+            self._hold = False
+            for position in self.order:
+                self._release(position)
+            for position in self.order[: self.prefetch]:  # the next forward starts with these
+                self._load(position)
 
     def resident(self) -> list[int]:
         return [p for p, s in self.slots.items() if s.state != "offloaded"]
@@ -185,6 +202,8 @@ class BlockSwapper:
         self.trace.append(("use", position))
 
     def _release(self, position: int) -> None:
+        if self._hold:
+            return
         slot = self.slots[position]
         if slot.state != "offloaded":
             self._device_ptrs.pop(slot.dev.untyped_storage().data_ptr(), None)

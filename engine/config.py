@@ -135,6 +135,7 @@ class MemorySpec:
     pipeline_stages: int = 1
     pipeline_split: str = ""  # "" = balance by parameter count; else layer indices where stages 2.. start
     block_swap: int = 0  # transformer blocks kept in CPU RAM and streamed in per use (engine/block_swap.py)
+    block_swap_sampling: bool = True  # keep swapping while rendering samples; False = whole model on the GPU then
     compile_blocks: bool = False  # torch.compile each block, attention left eager (engine/compile_blocks.py)
     expandable_segments: bool = False  # PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True for the ranks
 

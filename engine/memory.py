@@ -29,6 +29,13 @@ class MemoryPlan:
     def hidden(self):
         return self.swapper.hidden() if self.swapper is not None else contextlib.nullcontext()
 
+    def for_sampling(self, keep_swapping: bool):
+        """Context for rendering samples: the swap schedule as in training, or (keep_swapping False)
+        every block on the device, which is faster and needs the whole model's memory."""
+        if self.swapper is None or keep_swapping:
+            return contextlib.nullcontext()
+        return self.swapper.all_resident()
+
 
 def enable_activation_checkpointing(diffusion_model: nn.Module) -> int:
     """Recompute each block's activations in backward instead of storing them (non-reentrant, per

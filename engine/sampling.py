@@ -15,6 +15,7 @@ Tensors keep their batch dimension of 1, exactly as ComfyUI's CLIP returned them
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -118,7 +119,7 @@ def unsupported_reason(pipeline_stages: int) -> str:
 class SampleRenderer:
     """Renders the run's sample prompts with the model being trained (its LoRA included)."""
 
-    def __init__(self, cfg: RunConfig, model: torch.nn.Module, device: torch.device, events):
+    def __init__(self, cfg: RunConfig, model: torch.nn.Module, device: torch.device, events, memory_plan=None):
         import comfy.samplers
 
         spec = cfg.sample
@@ -129,11 +130,12 @@ class SampleRenderer:
                                   f"{', '.join(known)}.")
         self.cfg, self.spec, self.model, self.device, self.events = cfg, spec, model, device, events
         self.texts, self.positives, self.negative = read_prompts(spec.prompts_file)
+        self.memory_plan = memory_plan  # engine.memory.MemoryPlan: block swap may be lifted while sampling
         self._patcher = None
         self.failed = False
 
     @classmethod
-    def create(cls, cfg: RunConfig, model, device, events, rank: int) -> "SampleRenderer | None":
+    def create(cls, cfg: RunConfig, model, device, events, rank: int, memory_plan=None) -> "SampleRenderer | None":
         """The renderer for rank 0 of a run with sample prompts; None otherwise (with a warning event
         when the run asked for samples this setup cannot render)."""
         if not cfg.sample.every or rank != 0:
@@ -142,7 +144,7 @@ class SampleRenderer:
         if reason:
             events.emit("warning", message=reason)
             return None
-        return cls(cfg, model, device, events)
+        return cls(cfg, model, device, events, memory_plan)
 
     def _model_patcher(self):
         if self._patcher is None:
@@ -181,8 +183,10 @@ class SampleRenderer:
         was_training = self.model.training
         self.model.eval()  # LoRA dropout off
         latents = []
+        placement = (self.memory_plan.for_sampling(self.cfg.memory.block_swap_sampling) if self.memory_plan
+                     else contextlib.nullcontext())
         try:
-            with torch.no_grad():
+            with torch.no_grad(), placement:
                 for positive in self.positives:
                     if should_stop():
                         return None

@@ -140,7 +140,7 @@ def train(cfg: RunConfig, device: torch.device, events: EventLog) -> int:
                 samples=len(stream), setup_seconds=round(time.time() - launched, 2), ranks=layout)
     tb = _tensorboard(run_dir) if rank == 0 else None
     from .sampling import SampleRenderer
-    renderer = SampleRenderer.create(cfg, model, device, events, rank)  # samples with the current LoRA (rank 0)
+    renderer = SampleRenderer.create(cfg, model, device, events, rank, memory)  # samples with the current LoRA (rank 0)
     meta = _lora_metadata(cfg, dataset.fingerprint)
 
     def save_lora(name: str, step: int) -> None:

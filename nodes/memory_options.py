@@ -47,6 +47,7 @@ class PipeTrainMemoryOptions:
                     "fit bigger models; the GPU count must be divisible by it. Families with a "
                     "pipeline adapter: Wan 2.1/2.2 (text- and image-to-video), Flux.1 (text-to-image, Kontext)."}),
             },
+            # Saved UI workflows store widget values by position: add new inputs at the end only.
             "optional": {
                 "block_swap": ("INT", {"default": 0, "min": 0, "max": 1000, "tooltip":
                     "Keep the frozen weights of this many transformer blocks (the last ones) in pinned CPU RAM and "
@@ -58,15 +59,19 @@ class PipeTrainMemoryOptions:
                     "torch.compile each transformer block (attention stays eager): ~1.3x faster steps on "
                     "large models after a first step that compiles for tens of seconds to minutes; memory about "
                     "the same. Needs a working compiler toolchain (Triton on GPU)."}),
+                "expandable_segments": ("BOOLEAN", {"default": False, "tooltip":
+                    "Start the training processes with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True: less "
+                    "memory lost to fragmentation (can be the difference between fitting and out-of-memory with "
+                    "varying image sizes or block swap); no speed cost in most runs."}),
                 "pipeline_split": ("STRING", {"default": "", "tooltip":
                     "Where pipeline stages start, as layer indices separated by commas (pipeline_stages - 1 of "
                     "them, increasing). Layer 0 is the embedding, 1..N the transformer blocks, N+1 the head; "
                     "e.g. '21' puts the embedding and blocks 0-19 on GPU 1 of 2. Empty: stages balanced by "
                     "parameter count. Use it when the first or last GPU runs out of memory (docs/pipeline.md)."}),
-                "expandable_segments": ("BOOLEAN", {"default": False, "tooltip":
-                    "Start the training processes with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True: less "
-                    "memory lost to fragmentation (can be the difference between fitting and out-of-memory with "
-                    "varying image sizes or block swap); no speed cost in most runs."}),
+                "block_swap_sampling": ("BOOLEAN", {"default": True, "tooltip":
+                    "With block_swap: keep swapping blocks while sample images are rendered during training "
+                    "(on, the default: the memory stays as in training). Off: every block is on the GPU while "
+                    "sampling, so samples render faster, but the GPU must hold the whole model then."}),
             },
         }
 
@@ -79,11 +84,12 @@ class PipeTrainMemoryOptions:
                 f"{', '.join(CHECKPOINTING)}.")
 
     def configure(self, activation_checkpointing, optimizer, base_dtype, pipeline_stages, block_swap=0,
-                  compile_blocks=False, expandable_segments=False, pipeline_split=""):
+                  compile_blocks=False, expandable_segments=False, pipeline_split="", block_swap_sampling=True):
         mode = _LEGACY_CHECKPOINTING.get(activation_checkpointing, activation_checkpointing) \
             if isinstance(activation_checkpointing, bool) else activation_checkpointing
         spec = MemorySpec(activation_checkpointing=mode, optimizer=optimizer, base_dtype=base_dtype,
                           pipeline_stages=int(pipeline_stages), block_swap=int(block_swap),
+                          block_swap_sampling=bool(block_swap_sampling),
                           compile_blocks=bool(compile_blocks), expandable_segments=bool(expandable_segments),
                           pipeline_split=str(pipeline_split or "").strip())
         spec.validate()

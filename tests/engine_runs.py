@@ -116,3 +116,30 @@ def engine_processes(marker: str) -> list[str]:
         if marker in cmd and "engine" in cmd and "--config" in cmd:  # launcher and ranks
             found.append(cmd)
     return found
+
+
+def final_lora(run_dir) -> dict[str, torch.Tensor]:
+    """The LoRA file a finished run wrote (<run_dir>/lora/lora_final.safetensors)."""
+    from safetensors.torch import load_file
+
+    return load_file(str(Path(run_dir) / "lora" / "lora_final.safetensors"))
+
+
+def assert_same_lora(expected_dir, actual_dir, rtol: float, atol: float) -> dict[str, torch.Tensor]:
+    """Both runs saved the same LoRA keys with values equal within tolerance; returns the expected one."""
+    a, b = final_lora(expected_dir), final_lora(actual_dir)
+    assert a.keys() == b.keys(), f"LoRA keys differ: {sorted(a.keys() ^ b.keys())[:5]}"
+    for k in a:
+        torch.testing.assert_close(b[k], a[k], rtol=rtol, atol=atol)
+    return a
+
+
+def stage_layers_forward(model, prepared):
+    """The pipeline adapter's stage layers run in sequence on one process (what the stages compute)."""
+    from PipeTrain.engine.models import adapter_for
+
+    adapter = adapter_for(model)
+    acts = adapter.first_stage_inputs(prepared)
+    for layer in adapter.layers(model):
+        acts = layer(acts)
+    return acts

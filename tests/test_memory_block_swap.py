@@ -146,6 +146,35 @@ def test_block_swap_larger_than_the_model_names_the_block_count():
         _model(MemorySpec(block_swap=5))
 
 
+def test_sampling_without_swap_holds_every_block_then_the_schedule_resumes():
+    """block_swap_sampling off: all swapped blocks stay on the device while sampling (no per-block copies),
+    the output is the swapped one, and training afterwards gives the plain gradients again."""
+    ref_loss, ref = _step(_model(MemorySpec())[0])
+    model, plan = _model(MemorySpec(block_swap=3, activation_checkpointing="on"))
+    _step(model)
+    x = torch.randn(1, *tiny_wan.LATENT, generator=torch.Generator().manual_seed(5))
+    ctx = torch.randn(1, *tiny_wan.TEXT, generator=torch.Generator().manual_seed(6))
+
+    def sample():
+        with torch.no_grad():
+            return model.apply_model(x, torch.tensor([0.5]), c_crossattn=ctx, transformer_options={})
+
+    swapped = sample()
+    assert plan.for_sampling(keep_swapping=True).__class__.__name__ == "nullcontext"
+    with plan.for_sampling(keep_swapping=False):
+        assert sorted(plan.swapper.resident()) == [1, 2, 3]
+        loads = sum(1 for what, _ in plan.swapper.trace if what == "load")
+        held = sample()
+        assert sorted(plan.swapper.resident()) == [1, 2, 3], "a block was released while sampling"
+        assert sum(1 for what, _ in plan.swapper.trace if what == "load") == loads, "blocks were copied per use"
+    assert torch.equal(held, swapped)
+    assert plan.swapper.resident() == [1], "after sampling only the prefetched first swapped block is loaded"
+    loss, grads = _step(model)
+    assert loss == ref_loss
+    for k in ref:
+        torch.testing.assert_close(grads[k], ref[k], rtol=1e-6, atol=1e-8)
+
+
 def test_swapped_weights_are_hidden_from_whole_model_moves():
     """What DeepSpeed's initialise does (module.to(device)) must not copy the swapped weights."""
     model, plan = _model(MemorySpec(block_swap=2))

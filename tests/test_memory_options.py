@@ -19,7 +19,7 @@ def run_json(comfy_root, tmp_path_factory) -> dict:
     import_comfy(comfy_root)
     root = tmp_path_factory.mktemp("memory-config")
     model = tiny_wan.write_model(root / "tiny_wan.safetensors")
-    cfg = memory_runs.wan_config(root / "run", comfy_root, str(model), tiny_wan.write_cache(root / "data", items=1))
+    memory_runs.wan_config(root / "run", comfy_root, str(model), tiny_wan.write_cache(root / "data", items=1))
     return json.loads((root / "run" / "run.json").read_text())
 
 

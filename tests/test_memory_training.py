@@ -9,7 +9,6 @@ import torch
 import memory_runs
 import tiny_wan
 from engine_runs import run_to_end
-from PipeTrain.engine.config import MemorySpec
 
 
 @pytest.fixture(scope="module")

@@ -7,10 +7,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
 
 import tiny_wan
-from engine_runs import run_to_end
+from engine_runs import assert_same_lora, run_to_end, stage_layers_forward
 from PipeTrain.engine.config import ConfigError, LaunchSpec, LoraSpec, MemorySpec, RunConfig, TrainSpec
 
 
@@ -37,7 +36,6 @@ def _prepared(model, cache):
 def test_i2v_stage_layers_equal_comfyui_forward(i2v_files):
     import comfy.sd
 
-    from PipeTrain.engine.models import adapter_for
 
     model = comfy.sd.load_diffusion_model(i2v_files[0]).model
     assert model.diffusion_model.img_emb is not None, "the tiny file was not detected as Wan i2v"
@@ -45,10 +43,7 @@ def test_i2v_stage_layers_equal_comfyui_forward(i2v_files):
     assert {"c_concat", "clip_fea"} <= set(prepared.kwargs), sorted(prepared.kwargs)
     with torch.no_grad():
         reference = model.apply_model(prepared.xt, prepared.sigma, transformer_options={}, **prepared.kwargs)
-        adapter = adapter_for(model)
-        acts = adapter.first_stage_inputs(prepared)
-        for layer in adapter.layers(model):
-            acts = layer(acts)
+        acts = stage_layers_forward(model, prepared)
     assert torch.equal(acts, reference)
 
 
@@ -83,8 +78,4 @@ def test_i2v_two_stage_pipeline_trains_like_one_process(tmp_path, comfy_root, i2
     plain = run_to_end(_config(tmp_path / "plain", comfy_root, i2v_files, 1, 1, grad_accum))
     piped = run_to_end(_config(tmp_path / "piped", comfy_root, i2v_files, 2, 2, grad_accum))
     assert plain.losses() == pytest.approx(piped.losses(), rel=1e-5, abs=1e-7)
-    a = load_file(str(Path(plain.cfg.run_dir) / "lora" / "lora_final.safetensors"))
-    b = load_file(str(Path(piped.cfg.run_dir) / "lora" / "lora_final.safetensors"))
-    assert a.keys() == b.keys()
-    for k in a:
-        torch.testing.assert_close(b[k], a[k], rtol=1e-4, atol=1e-6)
+    assert_same_lora(plain.cfg.run_dir, piped.cfg.run_dir, rtol=1e-4, atol=1e-6)

@@ -7,10 +7,8 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
-from safetensors.torch import load_file
 
-from engine_runs import build_cache, make_config, run_to_end, with_train
+from engine_runs import assert_same_lora, build_cache, make_config, run_to_end, with_train
 from no_deepspeed_env import make_env
 from PipeTrain.engine.config import ConfigError, LaunchSpec, RunConfig
 from tools.comfy_server import ComfyInterrupted, ComfyServer
@@ -34,11 +32,7 @@ def test_plain_backend_equals_deepspeed_single_process(tmp_path, comfy_root, dem
     ds = run_to_end(cfg)
     plain = run_to_end(_plain(dataclasses.replace(cfg, run_dir=str(tmp_path / "plain"))))
     assert plain.losses() == pytest.approx(ds.losses(), rel=1e-5, abs=1e-7)
-    a = load_file(str(Path(ds.cfg.run_dir) / "lora" / "lora_final.safetensors"))
-    b = load_file(str(Path(plain.cfg.run_dir) / "lora" / "lora_final.safetensors"))
-    assert a.keys() == b.keys()
-    for k in a:
-        torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=1e-6)
+    assert_same_lora(ds.cfg.run_dir, plain.cfg.run_dir, rtol=1e-4, atol=1e-6)
 
 
 def test_plain_backend_resume_equals_uninterrupted(tmp_path, comfy_root, demo_base, cache_dir):
