@@ -5,8 +5,8 @@
 1. writes a tiny random-init UNet/VAE/CLIP that ComfyUI's stock loaders accept, and a tiny dataset;
 2. starts ComfyUI headless with this pack installed;
 3. queues example_workflows/api/train_lora_then_test_api.json through POST /prompt: the six PipeTrain
-   nodes train with 2 DeepSpeed processes (CPU when there is no GPU), then KSampler renders the
-   same seed with and without the new LoRA;
+   nodes train with DeepSpeed (2 CPU processes when there is no GPU, else one per GPU, at most 2),
+   then KSampler renders the same seed with and without the new LoRA;
 4. prints where the LoRA and the two images are, and whether the LoRA changed the image.
 """
 from __future__ import annotations
@@ -47,8 +47,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=str(REPO / "demo_out"), help="folder for the ComfyUI base dir and results")
     parser.add_argument("--steps", type=int, default=60, help="training steps")
-    parser.add_argument("--processes", type=int, default=2, help="DeepSpeed processes (GPUs, or CPU processes)")
+    parser.add_argument("--processes", type=int, default=0,
+                        help="DeepSpeed processes (GPUs, or CPU processes); 0 = 2 on a CPU, else one per GPU, at most 2")
     args = parser.parse_args(argv)
+    if args.processes <= 0:
+        import torch
+
+        gpus = torch.cuda.device_count()
+        args.processes = min(2, gpus) if gpus else 2
 
     sys.path.insert(0, str(REPO))
     from tools.comfy_server import ComfyServer
