@@ -175,6 +175,22 @@ def write_item(cache_dir: str | os.PathLike, index: int, latent: torch.Tensor, c
     return skipped
 
 
+def read_safetensors(path: str | os.PathLike) -> tuple[dict[str, str], dict[str, torch.Tensor]]:
+    """(metadata, tensors) of a safetensors file; damaged files raise safetensors' own errors."""
+    with safe_open(str(path), framework="pt") as f:
+        return f.metadata() or {}, {k: f.get_tensor(k) for k in f.keys()}
+
+
+def unpack_extras(tensors: Mapping[str, torch.Tensor], prefix: str, none_keys: str, json_values: str) -> dict[str, Any]:
+    """Conditioning extras as written: tensors `<prefix>.<key>` (not the main `<prefix>.cross_attn`), plus
+    the keys whose value was None and the JSON-able values (two JSON strings from the file's metadata)."""
+    extras: dict[str, Any] = {k[len(prefix) + 1:]: v for k, v in tensors.items()
+                              if k.startswith(prefix + ".") and k != f"{prefix}.cross_attn"}
+    extras.update({k: None for k in json.loads(none_keys)})
+    extras.update(json.loads(json_values))
+    return extras
+
+
 def item_summary(cache_dir: str | os.PathLike, index: int) -> tuple[tuple[int, ...], list[str]]:
     """(latent shape, cond keys incl. None-valued ones) of one item, from the header only."""
     with safe_open(str(item_path(cache_dir, index)), framework="pt") as f:
@@ -202,15 +218,11 @@ def load_cond(cache_dir: str | os.PathLike, index: int) -> tuple[torch.Tensor, d
     CacheLatents uses it to give a repeated caption the stored encoding instead of keeping
     every distinct caption's tensors in memory (T5/LLM conds are megabytes each).
     """
-    with safe_open(str(item_path(cache_dir, index)), framework="pt") as f:
-        meta = f.metadata() or {}
-        unbatched = set(json.loads(meta.get("cond_unbatched", "[]")))
-        tensors = {k[len("cond."):]: f.get_tensor(k) for k in f.keys() if k.startswith("cond.")}
-    cond = tensors.pop("cross_attn").unsqueeze(0)
-    extras: dict[str, Any] = {k: (v if k in unbatched else v.unsqueeze(0)) for k, v in tensors.items()}
-    extras.update({k: None for k in json.loads(meta.get("cond_none", "[]"))})
-    extras.update(json.loads(meta.get("cond_json", "{}")))
-    return cond, extras
+    meta, tensors = read_safetensors(item_path(cache_dir, index))
+    unbatched = set(json.loads(meta.get("cond_unbatched", "[]")))
+    extras = unpack_extras(tensors, "cond", meta.get("cond_none", "[]"), meta.get("cond_json", "{}"))
+    extras = {k: (v.unsqueeze(0) if torch.is_tensor(v) and k not in unbatched else v) for k, v in extras.items()}
+    return tensors["cond.cross_attn"].unsqueeze(0), extras
 
 
 def write_manifest(cache_dir: str | os.PathLike, fp: str, spec: DatasetSpec, items: list[dict[str, Any]],
@@ -277,16 +289,11 @@ class CachedDataset:
         entry = self.items[i]
         path = self.cache_dir / entry["file"]
         try:
-            with safe_open(str(path), framework="pt") as f:
-                meta = f.metadata() or {}
-                tensors = {k: f.get_tensor(k) for k in f.keys()}
+            meta, tensors = read_safetensors(path)
         except Exception as e:  # safetensors raises its own error types for damaged files
             raise CacheError(f"cache file {path} (from {entry.get('source')}) cannot be read ({e}): "
                              "run CacheLatents with regenerate on.") from e
-        extras: dict[str, Any] = {k[len("cond."):]: v for k, v in tensors.items()
-                                  if k.startswith("cond.") and k != "cond.cross_attn"}
-        extras.update({k: None for k in json.loads(meta.get("cond_none", "[]"))})
-        extras.update(json.loads(meta.get("cond_json", "{}")))
+        extras = unpack_extras(tensors, "cond", meta.get("cond_none", "[]"), meta.get("cond_json", "{}"))
         return {"latent": tensors["latent"], "cross_attn": tensors["cond.cross_attn"], "extras": extras,
                 "caption": meta.get("caption", ""), "source": entry.get("source", meta.get("source", "")),
                 "unbatched": tuple(json.loads(meta.get("cond_unbatched", "[]")))}

@@ -20,12 +20,13 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from .cache_format import read_safetensors, unpack_extras
 from .config import ConfigError, RunConfig
 
 SAMPLES_DIR = "samples"
@@ -80,18 +81,13 @@ def write_prompts(path: str | os.PathLike, prompts: list[str], positives: list[t
 def read_prompts(path: str | os.PathLike) -> tuple[list[str], list[list], list]:
     """(texts, positive conditionings, negative conditioning) in ComfyUI's [[cond, extras]] form."""
     try:
-        with safe_open(str(path), framework="pt") as f:
-            meta = f.metadata() or {}
-            tensors = {k: f.get_tensor(k) for k in f.keys()}
+        meta, tensors = read_safetensors(path)
     except Exception as e:  # safetensors raises its own error types for damaged files
         raise ConfigError(f"sample prompts file {path} cannot be read ({e}): re-queue TrainPipeline so it is "
                           "written again, or set sample_every to 0.") from e
 
     def conditioning(prefix: str) -> list:
-        extras: dict[str, Any] = {k[len(prefix) + 1:]: v for k, v in tensors.items()
-                                  if k.startswith(prefix + ".") and k != f"{prefix}.cross_attn"}
-        extras.update({k: None for k in json.loads(meta.get(f"{prefix}.none", "[]"))})
-        extras.update(json.loads(meta.get(f"{prefix}.json", "{}")))
+        extras = unpack_extras(tensors, prefix, meta.get(f"{prefix}.none", "[]"), meta.get(f"{prefix}.json", "{}"))
         return [[tensors[f"{prefix}.cross_attn"], extras]]
 
     texts = json.loads(meta.get("prompts", "[]"))
