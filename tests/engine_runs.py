@@ -128,9 +128,10 @@ def final_lora(run_dir) -> dict[str, torch.Tensor]:
 def assert_same_lora(expected_dir, actual_dir, rtol: float, atol: float) -> dict[str, torch.Tensor]:
     """Both runs saved the same LoRA keys with values equal within tolerance; returns the expected one."""
     a, b = final_lora(expected_dir), final_lora(actual_dir)
+    assert a, f"no LoRA tensors in {expected_dir}"
     assert a.keys() == b.keys(), f"LoRA keys differ: {sorted(a.keys() ^ b.keys())[:5]}"
     for k in a:
-        torch.testing.assert_close(b[k], a[k], rtol=rtol, atol=atol)
+        torch.testing.assert_close(b[k], a[k], rtol=rtol, atol=atol, msg=lambda m: f"{k}: {m}")
     return a
 
 

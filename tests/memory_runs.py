@@ -11,8 +11,8 @@ import signal
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file
 
+from engine_runs import final_lora
 from PipeTrain.engine.config import LaunchSpec, LoraSpec, MemorySpec, RunConfig, TrainSpec
 from PipeTrain.engine.events import EventLog, EventTail
 
@@ -46,7 +46,7 @@ class InProcessRun:
         return [e["loss"] for e in self.events if e["event"] == "step"]
 
     def lora(self) -> dict[str, torch.Tensor]:
-        return load_file(str(Path(self.cfg.run_dir) / "lora" / "lora_final.safetensors"))
+        return final_lora(self.cfg.run_dir)
 
 
 def train_in_process(cfg: RunConfig) -> InProcessRun:
@@ -62,8 +62,3 @@ def train_in_process(cfg: RunConfig) -> InProcessRun:
     assert any(e["event"] == "done" for e in events), events[-3:]
     return InProcessRun(cfg, events)
 
-
-def assert_same_lora(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], rtol: float, atol: float) -> None:
-    assert a.keys() == b.keys() and a
-    for k in a:
-        torch.testing.assert_close(b[k], a[k], rtol=rtol, atol=atol, msg=lambda m: f"{k}: {m}")

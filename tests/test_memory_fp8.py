@@ -10,6 +10,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 import memory_runs
+from engine_runs import assert_same_lora
 import tiny_wan
 from PipeTrain.engine.config import MemorySpec
 from PipeTrain.engine.model_loading import FP8
@@ -127,4 +128,4 @@ def test_block_swap_on_an_fp8_scaled_base_trains_the_same_lora(wan, tmp_path, co
     plain = _train(wan, tmp_path / "plain", comfy_root, "scaled")
     swapped = _train(wan, tmp_path / "swapped", comfy_root, "scaled", block_swap=3)
     assert swapped.losses() == pytest.approx(plain.losses(), rel=1e-6)
-    memory_runs.assert_same_lora(plain.lora(), swapped.lora(), rtol=1e-5, atol=1e-7)
+    assert_same_lora(plain.cfg.run_dir, swapped.cfg.run_dir, rtol=1e-5, atol=1e-7)

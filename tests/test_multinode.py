@@ -18,10 +18,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
 
 import tiny_wan
-from engine_runs import run_to_end
+from engine_runs import final_lora, run_to_end
 from simulated_hosts import SimulatedHosts
 from PipeTrain.engine.config import ClusterSpec, LaunchSpec, LoraSpec, MemorySpec, RunConfig, TrainSpec
 from PipeTrain.engine.events import EventTail
@@ -265,10 +264,6 @@ class NodeLaunches:
         return "\n".join(parts)
 
 
-def _lora(run_dir) -> dict[str, torch.Tensor]:
-    return load_file(str(Path(run_dir) / "lora" / "lora_final.safetensors"))
-
-
 @pytest.mark.slow
 def test_two_hosts_train_like_one_host_with_stages_across_hosts(tmp_path, comfy_root, wan_files, hosts, one_host):
     cfg = _two_host_config(tmp_path, comfy_root, wan_files, port=29511)
@@ -282,7 +277,7 @@ def test_two_hosts_train_like_one_host_with_stages_across_hosts(tmp_path, comfy_
     assert layout == [(0, 0, 0, 0), (1, 0, 0, 1), (2, 1, 1, 0), (3, 1, 1, 1)]
     assert started["world_size"] == 4
     assert run.losses() == one_host.losses(), "two hosts must train exactly like one host with 4 processes"
-    a, b = _lora(one_host.cfg.run_dir), _lora(cfg.run_dir)
+    a, b = final_lora(one_host.cfg.run_dir), final_lora(cfg.run_dir)
     assert a.keys() == b.keys(), "the LoRA gathered over the two hosts misses some stage's weights"
     for k in a:
         assert torch.equal(a[k], b[k]), k
@@ -325,7 +320,7 @@ def test_lost_host_ends_the_survivor_within_the_timeout_and_resume_continues(tmp
     assert first >= 3
     assert [e["step"] for e in resumed.of("step")] == list(range(first, STEPS + 1))
     assert resumed.losses() == one_host.losses()[first - 1:]
-    a, b = _lora(one_host.cfg.run_dir), _lora(resumed_cfg.run_dir)
+    a, b = final_lora(one_host.cfg.run_dir), final_lora(resumed_cfg.run_dir)
     for k in a:
         assert torch.equal(a[k], b[k]), k
 

@@ -11,9 +11,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
 
-from engine_runs import build_cache, make_config, run_to_end
+from engine_runs import build_cache, final_lora, make_config, run_to_end
 from PipeTrain.engine.config import OPTIMIZERS, LaunchSpec, LoraSpec, MemorySpec, RunConfig
 from PipeTrain.engine.events import EVENTS_FILE, EventLog
 
@@ -70,10 +69,6 @@ def test_each_optimizer_trains_the_lora_on_the_plain_backend(optimizer, tmp_path
 
 
 
-def _lora(run_dir) -> dict[str, torch.Tensor]:
-    return load_file(str(Path(run_dir) / "lora" / "lora_final.safetensors"))
-
-
 @pytest.mark.parametrize("optimizer", ["adamw8bit", "prodigy"])
 def test_deepspeed_ranks_train_with_library_optimizers(optimizer, tmp_path, comfy_root, demo_base, cache_dir):
     """2 gloo ranks, the optimizer as DeepSpeed's client optimizer, DeepSpeed's gradient clipping."""
@@ -81,7 +76,7 @@ def test_deepspeed_ranks_train_with_library_optimizers(optimizer, tmp_path, comf
                              batch_size=2))
     assert run.of("started")[0]["world_size"] == 2
     assert all(loss == loss for loss in run.losses()), run.losses()
-    assert any(v.abs().sum() > 0 for k, v in _lora(run.cfg.run_dir).items() if k.endswith("lora_B.weight"))
+    assert any(v.abs().sum() > 0 for k, v in final_lora(run.cfg.run_dir).items() if k.endswith("lora_B.weight"))
     states = torch.load(Path(run.cfg.run_dir) / "checkpoints" / "step000006" / "mp_rank_00_model_states.pt",
                         map_location="cpu", weights_only=True)
     assert states["optimizer"]["state"], "DeepSpeed saved no optimizer state"
@@ -102,7 +97,7 @@ def test_deepspeed_ranks_resume_our_optimizers_exactly(optimizer, tmp_path, comf
     resumed = run_to_end(dataclasses.replace(full.cfg, run_dir=str(resumed_dir), resume=True))
     assert [e["step"] for e in resumed.of("step")] == [4, 5, 6]
     assert resumed.losses() == pytest.approx(full.losses()[3:], rel=1e-6, abs=1e-8)
-    a, b = _lora(full.cfg.run_dir), _lora(resumed_dir)
+    a, b = final_lora(full.cfg.run_dir), final_lora(resumed_dir)
     assert any(v.abs().sum() > 0 for k, v in a.items() if k.endswith("lora_B.weight")), "LoRA B never trained"
     for k in a:
         assert torch.equal(a[k], b[k]), f"{k} differs after resume"

@@ -11,10 +11,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
 
 import tiny_wan
-from engine_runs import run_to_end
+from engine_runs import final_lora, run_to_end
 from PipeTrain.engine.config import LaunchSpec, LoraSpec, MemorySpec, RunConfig, TrainSpec
 
 
@@ -37,10 +36,6 @@ def _run(run_dir: Path, comfy_root: str, wan_files, processes: int, memory: Memo
     return run_to_end(cfg, timeout=600)
 
 
-def _lora(run) -> dict[str, torch.Tensor]:
-    return load_file(str(Path(run.cfg.run_dir) / "lora" / "lora_final.safetensors"))
-
-
 @pytest.mark.slow
 def test_four_process_grids_train_like_one_process(tmp_path, comfy_root, wan_files):
     plain = _run(tmp_path / "plain", comfy_root, wan_files, 1, MemorySpec(), 4)
@@ -49,14 +44,14 @@ def test_four_process_grids_train_like_one_process(tmp_path, comfy_root, wan_fil
                                            MemorySpec(pipeline_stages=2), 2),
              "4 stages x 1 replica": _run(tmp_path / "pp4", comfy_root, wan_files, 4,
                                           MemorySpec(pipeline_stages=4, pipeline_split="2,3,4"), 4)}
-    reference = _lora(plain)
+    reference = final_lora(plain.cfg.run_dir)
     for name, run in grids.items():
         layout = run.of("started")[0]["ranks"]
         stages = {r["stage"] for r in layout}
         replicas = {r["replica"] for r in layout}
         assert len(stages) * len(replicas) == 4, f"{name}: ranks laid out as {layout}"
         assert plain.losses() == pytest.approx(run.losses(), rel=1e-5, abs=1e-7), name
-        lora = _lora(run)
+        lora = final_lora(run.cfg.run_dir)
         assert lora.keys() == reference.keys(), f"{name}: the saved LoRA misses some stage's weights"
         for k in reference:
             torch.testing.assert_close(lora[k], reference[k], rtol=1e-4, atol=1e-6, msg=f"{name}: {k}")
