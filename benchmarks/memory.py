@@ -46,13 +46,8 @@ RESOLUTION = {"wan21_14b": dict(size=512, frames=81), "flux_dev": dict(size=1024
 
 
 def _shape(name: str):
-    from model_shapes import SHAPES, Shape
+    from model_shapes import SHAPES
 
-    if name == "tiny_wan":
-        return Shape("WAN21_T2V", dict(image_model="wan2.1", model_type="t2v", patch_size=(1, 2, 2), in_dim=16,
-                                       dim=128, ffn_dim=256, freq_dim=256, text_dim=4096, out_dim=16, num_heads=1,
-                                       num_layers=4, window_size=(-1, -1), qk_norm=True, cross_attn_norm=True,
-                                       eps=1e-6), text_tokens=8, text_dim=4096, video=True)
     return SHAPES[name]
 
 

@@ -61,6 +61,12 @@ SHAPES: dict[str, Shape] = {
                            "transformer_depth_output": [0, 0, 0, 2, 2, 2, 10, 10, 10],
                            "use_temporal_attention": False, "use_temporal_resblock": False},
                   text_tokens=77, text_dim=2048, pooled_dim=1280, latent_channels=4),
+    # CPU dry runs of the scripts (seconds, not a benchmark)
+    "tiny_wan": Shape("WAN21_T2V", dict(image_model="wan2.1", model_type="t2v", patch_size=(1, 2, 2), in_dim=16,
+                                        dim=128, ffn_dim=256, freq_dim=256, text_dim=4096, out_dim=16, num_heads=1,
+                                        num_layers=4, window_size=(-1, -1), qk_norm=True, cross_attn_norm=True,
+                                        eps=1e-6),
+                      text_tokens=8, text_dim=4096, video=True),
 }
 
 

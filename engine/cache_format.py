@@ -12,6 +12,12 @@ Layout (one folder per fingerprint, so caches for other encoders/settings coexis
                                    unconditionally, so the key must survive), cond_json (other
                                    JSON-able extras), cond_unbatched (tensor extras stored as-is
                                    because they had no leading batch dim of 1).
+                                   "cond.reference_latents.N": the raw VAE latents of the item's control
+                                   images (what ComfyUI's ReferenceLatent node adds; engine/conditioning.py
+                                   turns the flat keys back into the list extra_conds takes).
+                                   "loss_mask" [1,(1,)h,w]: the item's loss weights at latent size (mask_folder,
+                                   engine/dataset_pairs.py); absent = unmasked. Not conditioning: the
+                                   objective multiplies the loss by it.
         manifest.json              written LAST, atomically: its presence means "complete". Per item:
                                    file, source, repeats, size ([w, h] trained at) and bucket
                                    (bucket_key: which items may share a batch).
@@ -37,10 +43,12 @@ from safetensors.torch import save_file
 
 from .config import write_text_atomic
 from .dataset import PREPROCESS_VERSION, DatasetItem, DatasetSpec, relative_source
+from .dataset_pairs import MASK_VERSION
 
 CACHE_FORMAT_VERSION = 1
 CACHE_FOLDER = ".pipetrain_cache"  # hidden, so the dataset scan never lists it
 MANIFEST = "manifest.json"
+LOSS_MASK = "loss_mask"  # an item's loss weights at latent size (a tensor next to "latent")
 _FINGERPRINT_RE = re.compile(r"^[0-9a-f]{16}$")
 
 
@@ -87,9 +95,15 @@ def fingerprint(spec: DatasetSpec, scan_items: Iterable[DatasetItem], encoder_id
         h.update(json.dumps({"aspect_ratios": list(spec.aspect_ratios), "extra_resolutions": list(spec.extra_resolutions),
                              "multiple": spec.bucket_multiple, "video_frames": spec.video_frames,
                              "frame_stride": spec.frame_stride}).encode())
+    if spec.mask_folder or spec.control_folder:  # only then: caches without them keep their fingerprint
+        h.update(json.dumps({"mask_folder": bool(spec.mask_folder), "control_folder": bool(spec.control_folder),
+                             "mask_version": MASK_VERSION}).encode())
     for item in scan_items:
         caption = "\0none" if item.caption is None else item.caption
         h.update(json.dumps([relative_source(spec, item.path), item.size_bytes, item.mtime_ns, caption]).encode())
+        pairs = [p.stamp() if p else None for p in (getattr(item, "mask", None), getattr(item, "control", None))]
+        if any(pairs):  # a changed mask or control image re-caches its item
+            h.update(json.dumps(pairs).encode("utf-8", "surrogateescape"))
     return h.hexdigest()[:16]
 
 
@@ -104,6 +118,34 @@ def item_path(cache_dir: str | os.PathLike, index: int) -> Path:
 def item_done(cache_dir: str | os.PathLike, index: int) -> bool:
     # Items appear by os.replace only, so an existing file is a complete file.
     return item_path(cache_dir, index).is_file()
+
+
+def item_key(spec: DatasetSpec, item: DatasetItem, size) -> str:
+    """What one cached item was made from (its file's name, size, mtime and caption, every other scan
+    field but repeats, and the size it is cached at). The same key in another cache with the same
+    encoders and settings means the same tensors, so that file can be linked instead of encoded."""
+    fields = {k: v for k, v in vars(item).items() if k not in ("path", "repeats")}  # nested dataclasses: their repr
+    return hashlib.sha256(json.dumps([relative_source(spec, item.path), list(size), fields], sort_keys=True,
+                                     default=repr).encode("utf-8", "surrogateescape")).hexdigest()[:32]
+
+
+def link_item(source: str | os.PathLike, cache_dir: str | os.PathLike, index: int) -> bool:
+    """Put an existing item file at `index` (hard link, else a copy; atomic). False if `source` is gone."""
+    final = item_path(cache_dir, index)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = final.with_name(f".{final.name}.tmp{os.getpid()}")
+    try:
+        try:
+            os.link(source, tmp)
+        except OSError:  # no hard links here (some network/FAT file systems): copy
+            shutil.copyfile(source, tmp)
+        os.replace(tmp, final)
+        return True
+    except FileNotFoundError:
+        return False
+    finally:
+        if tmp.exists():
+            tmp.unlink()
 
 
 def remove_cache(cache_dir: str | os.PathLike) -> None:
@@ -134,13 +176,17 @@ def _json_able(value: Any) -> bool:
 
 
 def write_item(cache_dir: str | os.PathLike, index: int, latent: torch.Tensor, cond_tensor: torch.Tensor,
-               cond_extras: Mapping[str, Any], source: str, caption: str, repeats: int) -> list[str]:
-    """Write one item atomically. Tensors are passed as ComfyUI returns them (batch of 1).
+               cond_extras: Mapping[str, Any], source: str, caption: str, repeats: int,
+               loss_mask: torch.Tensor | None = None) -> list[str]:
+    """Write one item atomically. Tensors are passed as ComfyUI returns them (batch of 1); loss_mask
+    likewise ([1, 1, (1,) h, w], see the module doc).
 
     Returns the extras keys that could not be stored (neither tensor, None nor JSON); the
     caller decides how loudly to report them.
     """
     tensors = {"latent": _unbatch("VAE latent", latent), "cond.cross_attn": _unbatch("text conditioning", cond_tensor)}
+    if loss_mask is not None:
+        tensors[LOSS_MASK] = _unbatch("loss mask", loss_mask).float()
     none_keys, json_extras, unbatched, skipped = [], {}, [], []
     for key in sorted(cond_extras):
         value = cond_extras[key]
@@ -205,10 +251,11 @@ def bucket_key(cache_dir: str | os.PathLike, index: int) -> str:
     """Which items may share a batch: the shapes of the latent and of every conditioning tensor.
 
     Same latent size AND same caption token length (and mask/extra shapes): batches are stacked,
-    never padded, because padded text masks break several models (MODEL-NOTES.md item 7).
+    never padded, because padded text masks break several models (MODEL-NOTES.md item 7). The loss
+    mask is left out: its shape follows the latent's, and masked and unmasked items may share a batch.
     """
     with safe_open(str(item_path(cache_dir, index)), framework="pt") as f:
-        shapes = {k: "x".join(str(d) for d in f.get_slice(k).get_shape()) for k in f.keys()}
+        shapes = {k: "x".join(str(d) for d in f.get_slice(k).get_shape()) for k in f.keys() if k != LOSS_MASK}
     return " ".join(f"{k}={shapes[k]}" for k in sorted(shapes))
 
 
@@ -294,9 +341,12 @@ class CachedDataset:
             raise CacheError(f"cache file {path} (from {entry.get('source')}) cannot be read ({e}): "
                              "run CacheLatents with regenerate on.") from e
         extras = unpack_extras(tensors, "cond", meta.get("cond_none", "[]"), meta.get("cond_json", "{}"))
-        return {"latent": tensors["latent"], "cross_attn": tensors["cond.cross_attn"], "extras": extras,
-                "caption": meta.get("caption", ""), "source": entry.get("source", meta.get("source", "")),
-                "unbatched": tuple(json.loads(meta.get("cond_unbatched", "[]")))}
+        out = {"latent": tensors["latent"], "cross_attn": tensors["cond.cross_attn"], "extras": extras,
+               "caption": meta.get("caption", ""), "source": entry.get("source", meta.get("source", "")),
+               "unbatched": tuple(json.loads(meta.get("cond_unbatched", "[]")))}
+        if LOSS_MASK in tensors:
+            out[LOSS_MASK] = tensors[LOSS_MASK]
+        return out
 
     def spec(self) -> CacheSpec:
         return CacheSpec(str(self.cache_dir), self.fingerprint, len(self), self.latent_shape)

@@ -23,7 +23,7 @@ from .version import __version__
 
 # Settings that may differ between nodes: their own paths (compared by content below) and how
 # each node was launched (node_rank, master address; command-line overrides).
-_NODE_LOCAL = {"run_dir", "comfyui_root", "model_path", "cache_dir", "launch.cluster"}
+_NODE_LOCAL = {"run_dir", "comfyui_root", "model_path", "cache_dir", "eval.cache_dir", "launch.cluster"}
 
 
 def node_rank() -> int:

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .eval_spec import EvalSpec
+
 CONFIG_VERSION = 1
 
 LORA_TARGET_PRESETS = ("attention", "attention_mlp", "all_linear")
@@ -328,6 +330,7 @@ class RunConfig:
     train: TrainSpec = field(default_factory=TrainSpec)
     launch: LaunchSpec = field(default_factory=LaunchSpec)
     sample: SampleSpec = field(default_factory=SampleSpec)
+    eval: EvalSpec = field(default_factory=EvalSpec)  # held-out eval set (engine/eval_spec.py)
     resume: bool = False  # continue from the newest checkpoint in run_dir/checkpoints
     version: int = CONFIG_VERSION
 
@@ -342,7 +345,7 @@ class RunConfig:
                f"comfyui_root {self.comfyui_root} is not a ComfyUI folder (no comfy/sd.py).")
         _check(os.path.isfile(os.path.join(self.cache_dir, "manifest.json")),
                f"cache {self.cache_dir} is incomplete (no manifest.json): run CacheLatents again.")
-        for part in (self.lora, self.memory, self.train, self.launch, self.sample):
+        for part in (self.lora, self.memory, self.train, self.launch, self.sample, self.eval):
             part.validate()
         check_optimizer_settings(self.memory, self.train)
         nodes = self.launch.nodes()  # with a hostfile, engine/cluster.py checks this once it is read
@@ -409,7 +412,7 @@ def _build(cls, data: Any, where: str):
 
 _SECTIONS = {"LoraSpec": LoraSpec, "MemorySpec": MemorySpec, "TrainSpec": TrainSpec, "LaunchSpec": LaunchSpec,
              "ClusterSpec": ClusterSpec,
-             "SampleSpec": SampleSpec}
+             "SampleSpec": SampleSpec, "EvalSpec": EvalSpec}
 
 
 def gpu_count(nodes: int, per_node: int) -> str:

@@ -86,4 +86,7 @@ def collate(dataset, stream: SampleStream, positions: list[int], device: torch.d
               "extras": {k: (v.to(device) if torch.is_tensor(v) else v) for k, v in it["extras"].items()},
               "unbatched": tuple(it.get("unbatched", ()))}  # extras ComfyUI keeps without a batch dim
              for it in items]
+    for cond, it in zip(conds, items):
+        if it.get("loss_mask") is not None:  # the mask_folder's weights (objective.loss_mask)
+            cond["loss_mask"] = it["loss_mask"].to(device)
     return latents, conds, positions

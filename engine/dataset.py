@@ -9,10 +9,9 @@ Folder line syntax (the LoadDataset node's `folders` box, parsed by `parse_folde
         cats
         /data/dogs | repeats=3
         # a comment; blank lines are ignored too
-    Relative folders are resolved against a base folder (ComfyUI's input folder); `..` may leave
-    it (absolute paths are allowed anyway). Surrounding quotes are removed, because "Copy as path"
-    on Windows adds them; quotes also keep spaces at the ends of a name. On Linux/macOS a path
-    with backslashes that does not exist is retried with '/'.
+    Relative folders are resolved against ComfyUI's input folder (engine/dataset_folders.py).
+Loss masks and control images (`mask_folder`, `control_folder`) are paired with the scanned
+images in engine/dataset_pairs.py.
 
 The scan never raises for a bad file: every skipped or altered file goes into grouped warnings
 naming the files and the fix; `validate` raises DatasetError only when nothing trainable is
@@ -26,8 +25,6 @@ import dataclasses
 import hashlib
 import json
 import os
-import re
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,7 +32,12 @@ from typing import Any
 from PIL import Image
 
 from .buckets import bucket_sizes, kept_fraction, nearest_bucket, upscale_factor
+from .dataset_folders import resolve_folder, unquote
 from .dataset_messages import WARNINGS as _WARNINGS
+from .dataset_messages import EXAMPLES_SHOWN, DatasetError  # re-exported: callers import them from here
+from .dataset_messages import examples as _examples
+from .dataset_messages import no_images_message as _no_images_message
+from .dataset_pairs import PairedFile, Pairing, pair_signature
 from .image_io import (IMAGE_EXTENSIONS, PREPROCESS_VERSION, UNSUPPORTED_IMAGE_FORMATS, VIDEO_EXTENSIONS,  # noqa: F401
                        FolderListing, ImageReadError, caption_name, list_folder, load_image,
                        probe_image, read_caption)
@@ -43,11 +45,6 @@ from .video_io import VideoReadError, needed_frames, probe_video
 
 DATASET_SPEC_VERSION = 1
 MIN_RESOLUTION, MAX_RESOLUTION, RESOLUTION_STEP = 64, 4096, 64
-EXAMPLES_SHOWN = 5  # how many file names an error or warning lists before "... and N more"
-
-
-class DatasetError(ValueError):
-    """A dataset problem the user can fix. The message names the folder/file and the fix."""
 
 
 # ---- the spec (crosses the node -> engine boundary as JSON) -------------------------------
@@ -81,12 +78,16 @@ class DatasetSpec:
     bucket_multiple: int = 64  # bucket sides are rounded to this many pixels
     video_frames: int = 0  # frames per video clip (engine/video_io.py); 0 = videos are skipped
     frame_stride: int = 1  # take every N-th source frame
+    mask_folder: str = ""  # absolute; loss masks by image name (engine/dataset_pairs.py); "" = none
+    control_folder: str = ""  # absolute; control (reference) images of edit pairs; "" = none
 
     def to_dict(self) -> dict[str, Any]:
+        # mask/control folders only when set: the dicts of older specs stay equal (trust_cache compares them)
+        pairs = {k: v for k, v in (("mask_folder", self.mask_folder), ("control_folder", self.control_folder)) if v}
         return {"folders": [f.to_dict() for f in self.folders], "resolution": self.resolution,
                 "caption_ext": self.caption_ext, "version": self.version, "aspect_ratios": list(self.aspect_ratios),
                 "extra_resolutions": list(self.extra_resolutions), "bucket_multiple": self.bucket_multiple,
-                "video_frames": self.video_frames, "frame_stride": self.frame_stride}
+                "video_frames": self.video_frames, "frame_stride": self.frame_stride, **pairs}
 
     @property
     def resolutions(self) -> tuple[int, ...]:
@@ -155,6 +156,14 @@ class DatasetSpec:
                 raise DatasetError(f"folder {f.path} is listed twice{same}: list it once and use '| repeats=N' "
                                    "to show it more often.")
             seen[key] = f.path
+        for setting in ("mask_folder", "control_folder"):
+            folder = getattr(self, setting)
+            key = os.path.normcase(os.path.realpath(folder)) if folder else None
+            if key in seen:
+                raise DatasetError(f"{setting} {folder} is also a dataset folder ({seen[key]}): keep masks and "
+                                   "control images in a folder of their own, or they are trained as images.")
+            if key:
+                seen[key] = setting
 
 
 def _known_fields(cls, data: Any, where: str) -> dict[str, Any]:
@@ -166,16 +175,6 @@ def _known_fields(cls, data: Any, where: str) -> dict[str, Any]:
         raise DatasetError(f"unknown setting(s) in {where}: {', '.join(unknown)}. This cache/spec was written by a "
                            "newer PipeTrain, or the spelling is wrong.")
     return dict(data)
-
-
-_WINDOWS_PATH = re.compile(r"^([A-Za-z]:[\\/]|\\\\)")  # C:\data, C:/data, \\server\share
-
-
-def _unquote(text: str) -> str:
-    text = text.strip()
-    if len(text) >= 2 and text[0] == text[-1] and text[0] in "\"'":
-        return text[1:-1]  # quoted: keep the spaces inside
-    return text.strip("\"'").strip()
 
 
 def parse_folder_lines(text: str, base_dir: str | None, default_repeats: int = 1) -> tuple[FolderSpec, ...]:
@@ -200,44 +199,15 @@ def parse_folder_lines(text: str, base_dir: str | None, default_repeats: int = 1
                                    "number of 1 or more, e.g. 'cats | repeats=3'.")
             repeats = int(value)
             line = path_part
-        typed = _unquote(line)
+        typed = unquote(line)
         if not typed:
             raise DatasetError(f"folders line {lineno} ({raw.strip()!r}) names no folder: write the folder before "
                                "'|', e.g. 'cats | repeats=3'.")
-        folders.append(FolderSpec(path=_resolve_folder(typed, base_dir, lineno), repeats=repeats))
+        folders.append(FolderSpec(path=resolve_folder(typed, base_dir, lineno), repeats=repeats))
     if not folders:
         raise DatasetError("no dataset folders given: enter at least one folder, one per line "
                            "(relative to ComfyUI's input folder, or absolute).")
     return tuple(folders)
-
-
-def _resolve_folder(typed: str, base_dir: str | None, lineno: int) -> str:
-    candidates = [typed]
-    if os.sep == "/" and "\\" in typed and not _WINDOWS_PATH.match(typed):
-        candidates.append(typed.replace("\\", "/"))  # a Windows-style relative path; '\' is legal in names here
-    where, path = "", ""
-    for candidate in candidates:
-        expanded = os.path.expanduser(candidate)
-        if os.path.isabs(expanded):
-            path, where = expanded, ""
-        elif base_dir is None:
-            raise DatasetError(f"folders line {lineno}: {typed!r} is a relative path but ComfyUI's input folder is "
-                               "not known here: use an absolute path.")
-        else:
-            path = os.path.join(base_dir, expanded)
-            where = f" (relative paths are looked up in ComfyUI's input folder {base_dir})"
-        path = os.path.normpath(path)
-        if os.path.isdir(path):
-            return path
-    path = os.path.normpath(os.path.join(base_dir or "", os.path.expanduser(typed)))
-    if os.sep == "/" and _WINDOWS_PATH.match(typed):
-        raise DatasetError(f"folders line {lineno}: {typed!r} looks like a Windows path, but this ComfyUI runs on "
-                           f"{sys.platform}: enter the folder as this machine sees it (e.g. /home/me/datasets/cats).")
-    if os.path.exists(path):
-        raise DatasetError(f"dataset folder {path} is a file, not a folder{where}: fix line {lineno} of 'folders' "
-                           f"to name the folder that holds the images (e.g. {os.path.dirname(path)}).")
-    raise DatasetError(f"dataset folder {path} does not exist{where}: fix line {lineno} of 'folders', "
-                       "or use an absolute path.")
 
 
 # ---- scanning ------------------------------------------------------------------------------
@@ -252,6 +222,8 @@ class DatasetItem:
     width: int = 0  # as displayed (EXIF rotation applied); picks the aspect-ratio bucket
     height: int = 0
     frames: int = 0  # a video's frame count; 0 for an image
+    mask: PairedFile | None = None  # its loss mask (engine/dataset_pairs.py); None = unmasked
+    control: PairedFile | None = None  # its control (reference) image; set for every item when control_folder is
 
 
 @dataclass(frozen=True)
@@ -273,6 +245,7 @@ class ScanResult:
     unreadable: tuple[UnreadableFile, ...]
     warnings: tuple[str, ...]
     videos: tuple[str, ...] = ()  # skipped because video_frames is 0
+    pair_counts: dict[str, int] = dataclasses.field(default_factory=dict)  # Pairing.counts; empty without folders
 
 
 def _list_folder(folder: str) -> FolderListing:
@@ -302,6 +275,7 @@ def files_signature(spec: DatasetSpec) -> str:
                     h.update(f"\0{p}\0{st.st_size}\0{st.st_mtime_ns}".encode("utf-8", "surrogateescape"))
                 except OSError:
                     h.update(f"\0{p}\0-".encode("utf-8", "surrogateescape"))
+    h.update(pair_signature(spec.mask_folder, spec.control_folder).encode())
     return h.hexdigest()
 
 
@@ -312,6 +286,7 @@ def scan_dataset(spec: DatasetSpec) -> ScanResult:
     unreadable: list[UnreadableFile] = []
     videos: list[str] = []
     subfolder_warnings: list[str] = []
+    pairing = Pairing(spec.mask_folder, spec.control_folder, report)
     for folder in spec.folders:
         listing = _list_folder(folder.path)
         join = lambda name: os.path.join(folder.path, name)  # noqa: E731
@@ -336,6 +311,10 @@ def scan_dataset(spec: DatasetSpec) -> ScanResult:
             if frames and frames < needed_frames(spec.video_frames, spec.frame_stride):
                 report["short"].append(f"{path} ({frames} frames)")
                 continue
+            item = pairing.attach(DatasetItem(path, None, folder.repeats, st.st_size, st.st_mtime_ns, info.width,
+                                              info.height, frames))
+            if item is None:  # its control image or mask is missing/unreadable: listed by the pairing
+                continue
             _note_image(report, path, info, spec)
             cap_name = caption_name(listing, name, spec.caption_ext)
             caption = None
@@ -350,10 +329,10 @@ def scan_dataset(spec: DatasetSpec) -> ScanResult:
                     report["empty_caption"].append(join(cap_name))
             else:
                 report["missing"].append(path)
-            items.append(DatasetItem(path, caption, folder.repeats, st.st_size, st.st_mtime_ns, info.width, info.height,
-                                     frames))
+            items.append(dataclasses.replace(item, caption=caption))
         report["shared_caption"] += [f"{join(c)} <- {', '.join(names)}" for c, names in users.items() if len(names) > 1]
-        subfolder_warnings += _subfolder_warnings(folder.path, listing)
+        subfolder_warnings += _subfolder_warnings(folder.path, listing, (spec.mask_folder, spec.control_folder))
+    pairing.finish()
     report["unreadable"] = [u.reason for u in unreadable]
     report["videos"] = videos
     fill = {"ext": spec.caption_ext, "res": spec.resolution, "limit": (Image.MAX_IMAGE_PIXELS or 0) // 1_000_000,
@@ -362,7 +341,8 @@ def scan_dataset(spec: DatasetSpec) -> ScanResult:
                 for kind, template in _WARNINGS if report[kind]]
     missing = report["missing"]
     return ScanResult(tuple(items), MissingCaptions(len(missing), tuple(missing[:EXAMPLES_SHOWN])),
-                      tuple(unreadable), tuple(warnings + subfolder_warnings), tuple(videos))
+                      tuple(unreadable), tuple(warnings + subfolder_warnings), tuple(videos),
+                      {k: v for k, v in pairing.counts.items() if spec.mask_folder or spec.control_folder})
 
 
 def _note_image(report: dict[str, list[str]], path: str, info, spec: DatasetSpec) -> None:
@@ -380,11 +360,15 @@ def _note_image(report: dict[str, list[str]], path: str, info, spec: DatasetSpec
         report["huge"].append(f"{path} ({w}x{h})")
 
 
-def _subfolder_warnings(folder: str, listing: FolderListing) -> list[str]:
-    """Subfolders are not scanned; say so when one holds images, so nothing is dropped silently."""
+def _subfolder_warnings(folder: str, listing: FolderListing, pair_folders: tuple[str, ...] = ()) -> list[str]:
+    """Subfolders are not scanned; say so when one holds images, so nothing is dropped silently
+    (except the mask/control folders, which hold images on purpose)."""
     out = []
+    skip = {os.path.normcase(os.path.realpath(p)) for p in pair_folders if p}
     for name in listing.subfolders:
         sub = os.path.join(folder, name)
+        if os.path.normcase(os.path.realpath(sub)) in skip:
+            continue
         try:
             has_media = bool(_list_folder(sub).images)
         except DatasetError:
@@ -395,29 +379,6 @@ def _subfolder_warnings(folder: str, listing: FolderListing) -> list[str]:
     return out
 
 
-def _examples(names: list[str]) -> str:
-    shown = "; ".join(names[:EXAMPLES_SHOWN])
-    more = len(names) - EXAMPLES_SHOWN
-    return shown + (f" ... and {more} more" if more > 0 else "")
-
-
-def _no_images_message(folder: str, listing: FolderListing) -> str:
-    join = lambda names: _examples([os.path.join(folder, n) for n in names])  # noqa: E731
-    if listing.videos:
-        return (f"dataset folder {folder} holds only videos ({len(listing.videos)}: {join(listing.videos)}), and "
-                "video_frames is 0 so videos are skipped: set LoadDataset's 'video_frames' to the clip length your "
-                "model needs (e.g. 17 for Wan), or extract frames as PNG/JPEG.")
-    if listing.unsupported:
-        found = _examples([f"{os.path.join(folder, n)} ({UNSUPPORTED_IMAGE_FORMATS[os.path.splitext(n)[1].lower()]})"
-                           for n in listing.unsupported])
-        return f"dataset folder {folder} has no images PipeTrain can read: {found}."
-    if listing.hidden:
-        return (f"dataset folder {folder} has only hidden images (names starting with '.', which are skipped): "
-                f"{join(listing.hidden)}. Rename them without the leading dot.")
-    return (f"dataset folder {folder} has no images: add files with one of the extensions "
-            f"{', '.join(IMAGE_EXTENSIONS)}, or remove the folder from 'folders'.")
-
-
 def validate(spec: DatasetSpec) -> ScanResult:
     """Check the spec and scan it; raise DatasetError for anything that makes training impossible."""
     spec.check()
@@ -426,6 +387,9 @@ def validate(spec: DatasetSpec) -> ScanResult:
         if not listing.images and not (spec.video_frames and listing.videos):
             raise DatasetError(_no_images_message(folder.path, listing))
     result = scan_dataset(spec)
+    if not result.items and (result.pair_counts.get("control_skipped") or result.pair_counts.get("mask_skipped")):
+        raise DatasetError("no image of the dataset has a usable control image / mask, so there is nothing to train "
+                           "on: " + " ".join(w for w in result.warnings if "mask" in w or "control" in w))
     if not result.items:
         raise DatasetError(f"none of the dataset's {len(result.unreadable)} image file(s) can be read, so there is "
                            "nothing to train on: " + _examples([u.reason for u in result.unreadable]

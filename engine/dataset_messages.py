@@ -1,9 +1,20 @@
-"""The dataset scan's grouped warnings: (kind, template), in the order they are shown.
+"""The dataset scan's messages: DatasetError, the grouped warnings (kind, template) in the order
+they are shown, and the error for a folder without usable images.
 
 Templates take {n} (how many files), {examples} (the first few names) and the fill values
 engine/dataset.py passes ({ext}, {res}, {limit}, {need}). Each says what happened and the fix.
 """
 from __future__ import annotations
+
+import os
+
+from .image_io import IMAGE_EXTENSIONS, UNSUPPORTED_IMAGE_FORMATS, FolderListing
+
+EXAMPLES_SHOWN = 5  # how many file names an error or warning lists before "... and N more"
+
+
+class DatasetError(ValueError):
+    """A dataset problem the user can fix. The message names the folder/file and the fix."""
 
 # Grouped warnings, in this order: (kind, template with {n} and {examples}).
 WARNINGS = (
@@ -36,6 +47,47 @@ WARNINGS = (
     ("aspect", "{n} image(s) are more than 3 times wider than tall (or taller than wide) for their bucket; only the "
                "center part of that shape is trained, so crop them yourself to choose what is kept, or add aspect "
                "ratios: {examples}"),
+    # mask_folder / control_folder (engine/dataset_pairs.py)
+    ("mask_missing", "{n} image(s) have no mask in mask_folder (the mask of a.png is a.<any image extension>); they "
+                     "train unmasked: {examples}"),
+    ("mask_resized", "{n} mask(s) differ in size from their image and are stretched to the image's size before its "
+                     "crop; check that they still line up: {examples}"),
+    ("mask_unreadable", "{n} mask(s) cannot be read, so their images are skipped (training them unmasked would train "
+                        "what the mask hides): re-export the mask as PNG, or delete it to train unmasked: {examples}"),
+    ("control_missing", "{n} image(s) have no control image in control_folder and are skipped (an edit pair needs "
+                        "both): add a control image with the same name (any image extension), or remove the image: "
+                        "{examples}"),
+    ("control_unreadable", "{n} control image(s) cannot be read, so their images are skipped: re-export them as PNG "
+                           "or JPEG: {examples}"),
+    ("control_aspect", "{n} control image(s) have another aspect ratio than their image; they are cropped to the "
+                       "image's training size, so their edges are cut: crop them like the image: {examples}"),
+    ("pair_ambiguous", "{n} image(s) have several masks or control images with their name; the first is used, "
+                       "delete the others: {examples}"),
+    ("pair_unused", "{n} file(s) in mask_folder / control_folder match no dataset image and are unused (the mask or "
+                    "control image of a.jpg is named a, with any image extension): {examples}"),
     ("huge", "{n} image(s) are over Pillow's decompression-bomb warning limit ({limit} megapixels); they load, but "
              "slowly and with a lot of memory: downscale them to speed up caching: {examples}"),
 )
+
+
+def examples(names: list[str]) -> str:
+    shown = "; ".join(names[:EXAMPLES_SHOWN])
+    more = len(names) - EXAMPLES_SHOWN
+    return shown + (f" ... and {more} more" if more > 0 else "")
+
+
+def no_images_message(folder: str, listing: FolderListing) -> str:
+    join = lambda names: examples([os.path.join(folder, n) for n in names])  # noqa: E731
+    if listing.videos:
+        return (f"dataset folder {folder} holds only videos ({len(listing.videos)}: {join(listing.videos)}), and "
+                "video_frames is 0 so videos are skipped: set LoadDataset's 'video_frames' to the clip length your "
+                "model needs (e.g. 17 for Wan), or extract frames as PNG/JPEG.")
+    if listing.unsupported:
+        found = examples([f"{os.path.join(folder, n)} ({UNSUPPORTED_IMAGE_FORMATS[os.path.splitext(n)[1].lower()]})"
+                          for n in listing.unsupported])
+        return f"dataset folder {folder} has no images PipeTrain can read: {found}."
+    if listing.hidden:
+        return (f"dataset folder {folder} has only hidden images (names starting with '.', which are skipped): "
+                f"{join(listing.hidden)}. Rename them without the leading dot.")
+    return (f"dataset folder {folder} has no images: add files with one of the extensions "
+            f"{', '.join(IMAGE_EXTENSIONS)}, or remove the folder from 'folders'.")

@@ -11,6 +11,11 @@ so the error in the network's native target space (eps, v, or flow velocity) is 
 The loss is the MSE of that, which is the usual objective for each family (e.g. for flow
 models it is exactly the velocity MSE |v_pred - (noise - x0)|^2).
 
+Loss masks (LoadDataset's mask_folder, cached at latent size) weight that squared error per
+latent cell; the loss is the weighted mean sum(w * err^2) / sum(w) over the batch, so a mask
+that is white on half the image gives exactly the mean error of that half, whatever the mask's
+area, and black cells contribute nothing (no gradient). Samples without a mask weigh 1.
+
 Randomness (noise, timestep) comes from a generator seeded by (seed, global sample index), so
 a sample gets the same noise whatever the number of processes, and a resumed run repeats an
 uninterrupted one exactly.
@@ -119,18 +124,24 @@ class DiffusionObjective(nn.Module):
 
     def prepare(self, latents: torch.Tensor, conds: list[dict[str, Any]], sample_ids: list[int]) -> "Prepared":
         """Everything apply_model and the loss need, drawn reproducibly from the sample ids."""
-        model = self.base
-        ms = model.model_sampling
-        device = latents.device
-        x0 = model.process_latent_in(latents.float())
+        ms = self.base.model_sampling
         lo, hi = self.noise_range()
         noise, sigmas = [], []
         for sample_id in sample_ids:
             gen = sample_generator(self.seed, sample_id)
-            noise.append(torch.randn(x0.shape[1:], generator=gen))
+            noise.append(torch.randn(latents.shape[1:], generator=gen))
             t = draw_time(gen, self.timestep_sampling, lo, hi)
             sigmas.append(float(ms.percent_to_sigma(1.0 - t)))
-        noise = torch.stack(noise).to(device)
+        return self.prepare_at(latents, conds, torch.stack(noise), sigmas)
+
+    def prepare_at(self, latents: torch.Tensor, conds: list[dict[str, Any]], noise: torch.Tensor,
+                   sigmas: list[float]) -> "Prepared":
+        """prepare() with the noise and sigmas given (the eval set's fixed ones, engine/eval_set.py)."""
+        model = self.base
+        ms = model.model_sampling
+        device = latents.device
+        x0 = model.process_latent_in(latents.float())
+        noise = noise.to(device)
         sigma = torch.tensor(sigmas, dtype=torch.float32, device=device)
         xt = ms.noise_scaling(sigma, noise, x0)
         scale = ms.calculate_denoised(sigma, torch.ones_like(x0), torch.zeros_like(x0))
@@ -139,8 +150,12 @@ class DiffusionObjective(nn.Module):
             # the kept region (clean for LTXV / Wan 2.2 / Cosmos, noised like the rest for inpainting)
             kept = model.scale_latent_inpaint(x=xt, sigma=sigma, noise=noise, latent_image=x0)
             xt = xt * mask + kept * (1.0 - mask)
+        weight = mask
+        user_mask = loss_mask(conds, x0)
+        if user_mask is not None:  # only the loss: the model sees the whole image
+            weight = user_mask if mask is None else mask * user_mask
         return Prepared(xt=xt, sigma=sigma, kwargs=model_kwargs(model, conds, x0, noise, mask), x0=x0, scale=scale,
-                        weight=mask)
+                        weight=weight)
 
     def noise_range(self) -> tuple[float, float]:
         """Bounds in draw space (t before the model's schedule and shift) for train.min_t/max_t.
@@ -169,7 +184,7 @@ class Prepared:
     kwargs: dict[str, Any]
     x0: torch.Tensor
     scale: torch.Tensor  # d(denoised)/d(network output): maps denoised error to native-target error
-    weight: torch.Tensor | None = None  # 1 where the loss counts (denoise_mask), None = everywhere
+    weight: torch.Tensor | None = None  # loss weight per latent cell (denoise_mask x loss_mask), None = all 1
 
 
 def native_loss(denoised: torch.Tensor, x0: torch.Tensor, scale: torch.Tensor,
@@ -203,6 +218,25 @@ def denoise_mask(conds: list[dict[str, Any]], x0: torch.Tensor) -> torch.Tensor 
             raise ValueError(f"denoise_mask of shape {tuple(m.shape)} does not match the latent {tuple(x0.shape)}: "
                              "cache the mask at latent size")
         out.append(m[:, :1] if m.shape[1] != x0.shape[1] else m)
+    return torch.cat(out)
+
+
+def loss_mask(conds: list[dict[str, Any]], x0: torch.Tensor) -> torch.Tensor | None:
+    """The batch's loss weights [B, 1, (1,) h, w] from the cached `loss_mask` of each sample (the
+    dataset's mask images at latent size), 1 for samples without one; None when no sample has one."""
+    masks = [c.get("loss_mask") for c in conds]
+    if all(m is None for m in masks):
+        return None
+    shape = (1, 1) + (1,) * (x0.ndim - 4) + tuple(x0.shape[-2:])
+    out = []
+    for m in masks:
+        if m is None:
+            out.append(torch.ones(shape, device=x0.device))
+            continue
+        if tuple(m.shape[-2:]) != tuple(x0.shape[-2:]) or m.numel() != x0.shape[-1] * x0.shape[-2]:
+            raise ValueError(f"loss mask of shape {tuple(m.shape)} does not match the latent {tuple(x0.shape)}: "
+                             "run CacheLatents with regenerate on")
+        out.append(m.to(x0.device, torch.float32).reshape(shape))
     return torch.cat(out)
 
 

@@ -49,6 +49,11 @@ def build_engine(cfg: RunConfig, model, objective: DiffusionObjective, optimizer
     if not params:
         raise ConfigError(f"pipeline stage {module.stage_id} holds no LoRA weights with these LoRA targets "
                           f"({cfg.lora.targets}): use fewer pipeline_stages or the 'all_linear' targets.")
+    # DeepSpeed's clip_grad_norm_ sums the squared norm over the stages of a replica but counts only
+    # the first stage's own parameters unless they are marked model-parallel: without this, a
+    # pipelined run clips by stage 1's norm alone, unlike a plain run (tests/test_pipeline_chroma.py).
+    for p in params:
+        p.model_parallel = True
     optimizer = optimizer_factory(params)
     engine, _, _, _ = deepspeed.initialize(model=module, optimizer=optimizer, lr_scheduler=scheduler_factory(optimizer),
                                            config=deepspeed_config(cfg.train))

@@ -142,6 +142,16 @@ def train(cfg: RunConfig, device: torch.device, events: EventLog) -> int:
     from .sampling import SampleRenderer
     renderer = SampleRenderer.create(cfg, model, device, events, rank, memory)  # samples with the current LoRA (rank 0)
     meta = _lora_metadata(cfg, dataset.fingerprint)
+    from .eval_set import EvalSet, report
+
+    # Held-out eval loss at fixed noise (engine/eval_set.py): a collective, on every rank at the same steps.
+    evaluator = EvalSet.create(cfg, objective, device, engine, pipelined, cache_channels)
+
+    def evaluate(step: int) -> None:
+        if evaluator is not None and cfg.eval.due(step, total_steps):
+            result = evaluator.run(engine, adapter if pipelined else None)
+            if rank == 0:
+                report(result, step, events, tb)
 
     def save_lora(name: str, step: int) -> None:
         # Pipelined, every stage holds part of the LoRA: gathering it is a collective on all ranks.
@@ -167,6 +177,8 @@ def train(cfg: RunConfig, device: torch.device, events: EventLog) -> int:
     # ---- loop ---------------------------------------------------------------------------
     step = start_step
     loss = float("nan")
+    if step == 0:
+        evaluate(0)  # eval.before_start: the loss before any training
     while step < total_steps:
         started = time.time()
         lr = scheduler.get_last_lr()[0]
@@ -191,6 +203,7 @@ def train(cfg: RunConfig, device: torch.device, events: EventLog) -> int:
         if tb is not None:
             tb.add_scalar("train/loss", loss, step)
             tb.add_scalar("train/lr", lr, step)
+        evaluate(step)
         if renderer is not None:
             renderer.maybe_render(step, total_steps, stop.requested)
         if t.save_every and step % t.save_every == 0 and step < total_steps:

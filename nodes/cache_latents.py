@@ -11,10 +11,11 @@ import logging
 import os
 import time
 
-from ..engine.cache_format import (CACHE_FOLDER, CachedDataset, CacheError, CacheSpec, bucket_key, cache_dir_for, fingerprint,
-                                   item_done, item_path, item_summary, load_cond, remove_cache, write_item,
-                                   write_manifest)
+from ..engine.cache_format import (CACHE_FOLDER, MANIFEST, CachedDataset, CacheError, CacheSpec, bucket_key, cache_dir_for,
+                                   fingerprint, item_done, item_key, item_path, item_summary, link_item, load_cond,
+                                   remove_cache, write_item, write_manifest)
 from ..engine.dataset import DatasetSpec, cache_entries, relative_source, validate
+from ..engine.dataset_pairs import load_mask
 from ..engine.image_io import ImageReadError, describe_error, load_image
 from ..engine.video_io import VideoReadError, load_video
 from . import compat
@@ -28,6 +29,27 @@ log = logging.getLogger("PipeTrain")
 _NOT_DATA_KEYS = ("hooks",)
 FAILURES_SHOWN = 5
 _FIRST_FRAME_KEYS = ("concat_latent_image", "concat_mask")
+_REFERENCE_KEY = "reference_latents"  # ComfyUI's ReferenceLatent conditioning key (edit models)
+
+
+def _per_item(key: str) -> bool:
+    """Extras that belong to one item's pixels, not to its caption (dropped when a caption's cond is reused)."""
+    return key in _FIRST_FRAME_KEYS or key == _REFERENCE_KEY or key.startswith(_REFERENCE_KEY + ".")
+
+
+def reference_extras(vae, control_pixels) -> dict:
+    """What ComfyUI's ReferenceLatent node adds for a control image: its raw VAE latent (VAEEncode's
+    output; the model's extra_conds applies process_latent_in itself), as the flat key
+    reference_latents.0 that engine/conditioning.py turns back into the list extra_conds takes."""
+    return {f"{_REFERENCE_KEY}.0": vae.encode(control_pixels)}
+
+
+def loss_mask_tensor(item, size, latent):
+    """The item's mask image as loss weights at the latent's size: [1, 1, (1,) h, w] (batch of 1)."""
+    import torch
+
+    weights = load_mask(item.mask.path, (item.width, item.height), size, tuple(latent.shape[-2:]))
+    return torch.from_numpy(weights).reshape((1,) * (latent.ndim - 2) + weights.shape)
 
 
 def find_trusted_cache(dataset: DatasetSpec, identity: dict) -> CacheSpec | None:
@@ -47,6 +69,20 @@ def find_trusted_cache(dataset: DatasetSpec, identity: dict) -> CacheSpec | None
             if best is None or mtime > best[0]:
                 best = (mtime, ds.spec())
     return None if best is None else best[1]
+
+
+def previous_items(dataset: DatasetSpec, identity: dict, cache_dir) -> dict[str, str]:
+    """item_key -> item file of the newest other complete cache with these encoders and settings.
+
+    Any edited, added or removed file changes the fingerprint, so the cache gets a new folder; the
+    items whose files did not change are linked from the previous cache instead of encoded again.
+    """
+    old = None if (cache_dir / MANIFEST).is_file() else find_trusted_cache(dataset, identity)
+    if old is None:  # this cache is complete already (only repeats changed), or there is no other
+        return {}
+    with open(os.path.join(old.cache_dir, MANIFEST), encoding="utf-8") as f:
+        manifest = json.load(f)
+    return {it["key"]: os.path.join(old.cache_dir, it["file"]) for it in manifest["items"] if "key" in it}
 
 
 def first_frame_extras(vae, clip_pixels, latent) -> dict:
@@ -147,10 +183,11 @@ class PipeTrainCacheLatents:
         entries = cache_entries(dataset, scan.items)  # each image once per resolution, at its bucket size
         total = len(entries)
         pbar = compat.progress_bar(total)
+        previous = {} if regenerate else previous_items(dataset, identity, cache_dir)
         # identical captions are encoded once per run; later ones copy the first item's stored
         # conditioning from disk rather than keeping every caption's tensors in memory
         caption_item: dict[str, int] = {}
-        reused = encoded = 0
+        reused = encoded = linked = 0
         failed: list[str] = []
         skipped_keys: set[str] = set()
         start = time.monotonic()
@@ -159,6 +196,13 @@ class PipeTrainCacheLatents:
             compat.raise_if_interrupted()
             if item_done(cache_dir, index):
                 reused += 1
+                caption_item.setdefault(item.caption or "", index)  # its stored cond serves this caption
+                pbar.update(1)
+                continue
+            source = previous.get(item_key(dataset, item, size)) if previous else None
+            if source and link_item(source, cache_dir, index):  # unchanged file: the previous cache's tensors
+                linked += 1
+                caption_item.setdefault(item.caption or "", index)
                 pbar.update(1)
                 continue
             caption = item.caption or ""
@@ -167,6 +211,8 @@ class PipeTrainCacheLatents:
                     pixels = torch.from_numpy(load_video(item.path, size, dataset.video_frames, dataset.frame_stride))
                 else:
                     pixels = torch.from_numpy(load_image(item.path, size)).unsqueeze(0)
+                # the control image is cropped and resized to the same bucket as its target image
+                control = torch.from_numpy(load_image(item.control.path, size)).unsqueeze(0) if item.control else None
             except (ImageReadError, VideoReadError) as e:  # passed the scan but fails to decode fully (e.g. damaged pixel data)
                 failed.append(str(e))
                 pbar.update(1)
@@ -186,12 +232,22 @@ class PipeTrainCacheLatents:
                 else:
                     cond, extras = clip.encode_from_tokens_scheduled(clip.tokenize(caption))[0]
                     extras = {k: v for k, v in extras.items() if k not in _NOT_DATA_KEYS}
-                extras = {k: v for k, v in extras.items() if k not in _FIRST_FRAME_KEYS}  # per item, not per caption
+                extras = {k: v for k, v in extras.items() if not _per_item(k)}  # per item, not per caption
                 if first_frame_conditioning and item.frames:
                     extras.update(first_frame_extras(vae, pixels, latent))
+                if control is not None:
+                    extras.update(reference_extras(vae, control))
+            try:
+                # a mask failing to decode after passing the scan skips the item (engine/dataset_pairs.py policy)
+                mask = loss_mask_tensor(item, size, latent) if item.mask else None
+            except ImageReadError as e:
+                failed.append(str(e))
+                pbar.update(1)
+                continue
             try:
                 skipped_keys.update(write_item(cache_dir, index, latent, cond, extras,
-                                               _text(relative_source(dataset, item.path)), caption, item.repeats))
+                                               _text(relative_source(dataset, item.path)), caption, item.repeats,
+                                               loss_mask=mask))
             except OSError as e:
                 raise _write_error(dataset, e) from e
             caption_item.setdefault(caption, index)
@@ -213,11 +269,13 @@ class PipeTrainCacheLatents:
         latent_shape, cond_keys = item_summary(cache_dir, done[0])
         items = [{"file": item_path(cache_dir, i).relative_to(cache_dir).as_posix(),
                   "source": _text(relative_source(dataset, entries[i][0].path)), "repeats": entries[i][0].repeats,
-                  "size": list(entries[i][1]), "bucket": bucket_key(cache_dir, i)} for i in done]
+                  "size": list(entries[i][1]), "bucket": bucket_key(cache_dir, i),
+                  "key": item_key(dataset, *entries[i])} for i in done]
         try:
             write_manifest(cache_dir, fp, dataset, items, latent_shape, cond_keys, identity)
         except OSError as e:
             raise _write_error(dataset, e) from e
-        log.info("PipeTrain CacheLatents: %d item(s) reused, %d encoded (%d distinct caption(s)) in %.1fs -> %s",
-                 reused, encoded, len(caption_item), time.monotonic() - start, cache_dir)
+        log.info("PipeTrain CacheLatents: %d item(s) reused, %d linked from the previous cache, %d encoded (%d distinct "
+                 "caption(s)) in %.1fs -> %s", reused, linked, encoded, len(caption_item), time.monotonic() - start,
+                 cache_dir)
         return (CacheSpec(str(cache_dir), fp, len(items), tuple(latent_shape)),)

@@ -8,7 +8,8 @@ from __future__ import annotations
 import logging
 
 from ..engine.buckets import BucketError, parse_aspect_ratios, parse_resolutions
-from ..engine.dataset import DatasetError, DatasetSpec, cache_entries, parse_folder_lines, files_signature, validate
+from ..engine.dataset import DatasetError, DatasetSpec, cache_entries, files_signature, parse_folder_lines, validate
+from ..engine.dataset_folders import resolve_extra_folder
 from . import compat
 from .types import DATASET
 
@@ -53,8 +54,24 @@ _STRIDE_TOOLTIP = ("Take every N-th frame of the video (2 halves a 30 fps video 
                    "time). Only matters with video_frames.")
 
 
+_MASK_TOOLTIP = (
+    "Optional folder of loss masks (relative to ComfyUI's input folder, or absolute). The mask of a.png is the image "
+    "named a (any extension) in this folder; its grey level is the loss weight: white trains, black is ignored, grey "
+    "in between. Transparent pixels count as black. A mask is cropped and resized with its image; one of another size "
+    "is stretched to the image first. Images without a mask train unmasked; an unreadable mask skips its image. "
+    "All of them are listed in the console. Leave empty for no masks.")
+_CONTROL_TOOLTIP = (
+    "Optional folder of control (reference) images for edit models such as Flux Kontext and Qwen-Image-Edit "
+    "(relative to ComfyUI's input folder, or absolute). The control image of a.png is the image named a (any "
+    "extension) in this folder; the dataset image is the edit result the model learns to produce from it. Control "
+    "images are cropped and resized to their image's training size and cached as the reference latent ComfyUI's "
+    "ReferenceLatent node gives the model. Images without a readable control image are skipped and listed. "
+    "Leave empty for ordinary (non-edit) training.")
+
+
 def build_spec(folders: str, resolution: int, repeats: int, aspect_ratios: str = "", extra_resolutions: str = "",
-               bucket_multiple: int = 64, video_frames: int = 0, frame_stride: int = 1) -> DatasetSpec:
+               bucket_multiple: int = 64, video_frames: int = 0, frame_stride: int = 1, mask_folder: str = "",
+               control_folder: str = "") -> DatasetSpec:
     if not (isinstance(repeats, int) and repeats >= 1):
         raise DatasetError(f"repeats is {repeats}: use a whole number of 1 or more.")
     try:
@@ -63,7 +80,9 @@ def build_spec(folders: str, resolution: int, repeats: int, aspect_ratios: str =
         raise DatasetError(str(e)) from None
     spec = DatasetSpec(folders=parse_folder_lines(folders, _input_dir(), repeats), resolution=int(resolution),
                        aspect_ratios=ratios, extra_resolutions=extra, bucket_multiple=int(bucket_multiple),
-                       video_frames=int(video_frames), frame_stride=int(frame_stride))
+                       video_frames=int(video_frames), frame_stride=int(frame_stride),
+                       mask_folder=resolve_extra_folder(mask_folder, _input_dir(), "mask_folder"),
+                       control_folder=resolve_extra_folder(control_folder, _input_dir(), "control_folder"))
     spec.check()
     return spec
 
@@ -76,13 +95,26 @@ def bucket_report(spec: DatasetSpec, items) -> str:
     return ", ".join(f"{w}x{h}: {n}" for (w, h), n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
 
 
+def pair_report(spec: DatasetSpec, counts: dict[str, int]) -> str:
+    """'masks: 3 image(s) with one, 2 without (unmasked), 1 skipped (unreadable mask); control images: ...'."""
+    parts = []
+    if spec.mask_folder:
+        parts.append(f"masks: {counts['masked']} image(s) with one, {counts['unmasked']} without (trained unmasked), "
+                     f"{counts['mask_skipped']} skipped (unreadable mask)")
+    if spec.control_folder:
+        parts.append(f"control images: {counts['controlled']} image(s) with one, {counts['control_skipped']} skipped "
+                     "(control image missing or unreadable)")
+    return "; ".join(parts) + "."
+
+
 class PipeTrainLoadDataset:
     CATEGORY = "PipeTrain"
     RETURN_TYPES = (DATASET,)
     RETURN_NAMES = ("dataset",)
     OUTPUT_TOOLTIPS = ("The dataset description (folders, captions, resolution); connect it to CacheLatents.",)
     FUNCTION = "load"
-    DESCRIPTION = ("Describe a training dataset: folders of images with same-named .txt captions. "
+    DESCRIPTION = ("Describe a training dataset: folders of images with same-named .txt captions, optionally with "
+                   "loss masks and control images (edit pairs) from folders of their own. "
                    "Checks every image can be read; unreadable files, videos, missing captions and images that "
                    "will be upscaled or heavily cropped are listed by name in the console.")
 
@@ -105,23 +137,26 @@ class PipeTrainLoadDataset:
             "bucket_multiple": ("INT", {"default": 64, "min": 8, "max": 64, "step": 8, "tooltip": _MULTIPLE_TOOLTIP}),
             "video_frames": ("INT", {"default": 0, "min": 0, "max": 1025, "tooltip": _FRAMES_TOOLTIP}),
             "frame_stride": ("INT", {"default": 1, "min": 1, "max": 100, "tooltip": _STRIDE_TOOLTIP}),
+            "mask_folder": ("STRING", {"default": "", "tooltip": _MASK_TOOLTIP}),
+            "control_folder": ("STRING", {"default": "", "tooltip": _CONTROL_TOOLTIP}),
         }}
 
     @classmethod
     def IS_CHANGED(cls, folders, resolution, repeats, aspect_ratios="", extra_resolutions="", bucket_multiple=64,
-                   video_frames=0, frame_stride=1):
+                   video_frames=0, frame_stride=1, mask_folder="", control_folder=""):
         # Names, sizes and mtimes only (no decoding): cheap enough to run on every queue, and any
         # added, edited or re-captioned file makes ComfyUI run the node (and CacheLatents) again.
         try:
             return files_signature(build_spec(folders, resolution, repeats, aspect_ratios, extra_resolutions,
-                                              bucket_multiple, video_frames, frame_stride))
+                                              bucket_multiple, video_frames, frame_stride, mask_folder,
+                                              control_folder))
         except (DatasetError, OSError):
             return float("nan")  # never equal to itself: run the node, which reports the error
 
     def load(self, folders, resolution, repeats, aspect_ratios="", extra_resolutions="", bucket_multiple=64,
-             video_frames=0, frame_stride=1):
+             video_frames=0, frame_stride=1, mask_folder="", control_folder=""):
         spec = build_spec(folders, resolution, repeats, aspect_ratios, extra_resolutions, bucket_multiple,
-                          video_frames, frame_stride)
+                          video_frames, frame_stride, mask_folder, control_folder)
         result = validate(spec)
         for warning in result.warnings:
             log.warning("PipeTrain LoadDataset: %s", warning)
@@ -133,6 +168,8 @@ class PipeTrainLoadDataset:
         log.info("PipeTrain LoadDataset: %d image(s) in %d folder(s), %d per epoch with repeats, %d without caption, "
                  "%d unreadable and %d video(s) skipped.", images, len(spec.folders), seen,
                  result.missing_captions.count, len(result.unreadable), len(result.videos))
+        if result.pair_counts:
+            log.info("PipeTrain LoadDataset: %s", pair_report(spec, result.pair_counts))
         if spec.bucketed:
             log.info("PipeTrain LoadDataset: samples per training size: %s", bucket_report(spec, result.items))
         return (spec,)

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from ..engine import launcher
 from ..engine.config import BACKENDS, SCHEDULERS, TIMESTEP_SAMPLING, ConfigError, LaunchSpec, RunConfig, TrainSpec
+from ..engine.eval_spec import EvalSpec
 from ..engine.events import EventTail
 from ..engine.sampling import unsupported_reason
 from . import compat, ui_feed
@@ -103,6 +104,8 @@ class PipeTrainTrainPipeline:
                             "Windows). plain works without DeepSpeed but only on one GPU."}),
                 "cluster": cluster_input(),
                 **_sample_inputs(),
+                **_eval_inputs(),  # later additions stay at the end: saved workflows store widgets by position
+                **_noise_range_inputs(),
             },
             "hidden": {"unique_id": "UNIQUE_ID"},
         }
@@ -112,7 +115,7 @@ class PipeTrainTrainPipeline:
               gpu_ids="", timestep_sampling="uniform", timestep_shift=0.0, backend="auto", clip=None, vae=None,
               cluster=None, sample_prompts="", sample_negative="", sample_every=100, sample_width=512, sample_height=512,
               sample_steps=20, sample_cfg=1.0, sample_seed=0, sample_sampler="euler", sample_scheduler="simple",
-              unique_id=None):
+              eval_cache=None, eval_every=100, eval_before_start=True, min_t=0.0, max_t=1.0, unique_id=None):
         model_path = compat.full_path("diffusion_models", model_name) or compat.full_path("checkpoints", model_name)
         if not model_path:
             raise ConfigError(f"model_name {model_name!r} is not in ComfyUI's diffusion_models or checkpoints "
@@ -120,7 +123,8 @@ class PipeTrainTrainPipeline:
         train = TrainSpec(steps=steps, epochs=float(epochs), learning_rate=float(learning_rate), scheduler=scheduler,
                           warmup_steps=warmup_steps, batch_size=batch_size, grad_accum=grad_accum, seed=seed,
                           save_every=save_every, checkpoint_every=checkpoint_every,
-                          timestep_sampling=timestep_sampling, timestep_shift=float(timestep_shift))
+                          timestep_sampling=timestep_sampling, timestep_shift=float(timestep_shift),
+                          min_t=float(min_t), max_t=float(max_t))
         launch = LaunchSpec(num_gpus=num_gpus, gpu_ids=gpu_ids.strip().replace(" ", ""),
                             backend=launcher.resolve_backend(backend), cluster=launch_cluster(cluster))
         cuda = compat.cuda_available()
@@ -134,6 +138,7 @@ class PipeTrainTrainPipeline:
                                   "or fix gpu_ids.")
         train.validate()
         launch.validate()
+        evaluation = eval_spec(eval_cache, cache, eval_every, eval_before_start)
         prompts = parse_prompts(sample_prompts)
         notice = unsupported_reason(memory.pipeline_stages) if prompts else ""
         samples = None if notice else sample_spec(prompts, clip, vae, sample_every, sample_width, sample_height,
@@ -144,7 +149,7 @@ class PipeTrainTrainPipeline:
 
         cfg = RunConfig(run_name=run_name.strip(), run_dir="", comfyui_root=compat.comfyui_root(),
                         model_path=model_path, cache_dir=cache.cache_dir, lora=lora, memory=memory, train=train,
-                        launch=launch, resume=resume != RESUME_OFF)
+                        launch=launch, eval=evaluation, resume=resume != RESUME_OFF)
         RunConfig.from_dict(cfg.to_dict())  # the engine's own validation, before any folder is made
         output = compat.output_directory()
         run_dir = new_run_dir(output, cfg.run_name) if resume == RESUME_OFF else resume_run_dir(output, resume)
@@ -197,6 +202,49 @@ def _sample_inputs() -> dict:
     }
 
 
+def _eval_inputs() -> dict:
+    """Optional inputs for a held-out eval set (off until eval_cache is connected)."""
+    return {
+        "eval_cache": (CACHE, {"tooltip": "A held-out eval set: a second Cache Latents output (its own images, "
+                               "same VAE and CLIP). Its loss is measured with fixed noise at 5 fixed noise levels "
+                               "(quantiles 0.1-0.9 of this run's timestep distribution), comparable between runs; "
+                               "training is unchanged by it. Unconnected = no eval."}),
+        "eval_every": ("INT", {"default": 100, "min": 0, "max": 10_000_000, "tooltip":
+                       "Measure the eval loss every N training steps and after the last step (0 = only before "
+                       "the start, if eval_before_start). Needs eval_cache."}),
+        "eval_before_start": ("BOOLEAN", {"default": True, "tooltip":
+                              "Also measure the eval loss before the first step (the model without the new "
+                              "LoRA's training), the baseline the later evals compare with. Needs eval_cache."}),
+    }
+
+
+def _noise_range_inputs() -> dict:
+    """Optional inputs bounding the noise levels trained (Wan 2.2 A14B experts)."""
+    return {
+        "min_t": ("FLOAT", {"default": 0.0, "min": 0.0, "max": 1.0, "step": 0.005, "round": 0.0001, "tooltip":
+                  "Lowest noise level trained, 0-1 (for flow models the sigma, 1 = pure noise). Wan 2.2 A14B "
+                  "high-noise expert: min_t 0.875 (0.9 for the I2V expert), max_t 1. 0 = from clean."}),
+        "max_t": ("FLOAT", {"default": 1.0, "min": 0.0, "max": 1.0, "step": 0.005, "round": 0.0001, "tooltip":
+                  "Highest noise level trained, 0-1, above min_t. Wan 2.2 A14B low-noise expert: min_t 0, "
+                  "max_t 0.875 (0.9 for the I2V expert). 1 = up to pure noise."}),
+    }
+
+
+def eval_spec(eval_cache, cache, every: int, before_start: bool) -> EvalSpec:
+    """The run's EvalSpec from the node's eval inputs; off without an eval_cache."""
+    if eval_cache is None:
+        return EvalSpec()
+    if tuple(eval_cache.latent_shape)[:1] != tuple(cache.latent_shape)[:1]:
+        raise ConfigError(f"eval_cache holds {eval_cache.latent_shape[0]}-channel latents, the training cache "
+                          f"{cache.latent_shape[0]}: cache the eval set with the same VAE as the training set.")
+    spec = EvalSpec(cache_dir=eval_cache.cache_dir, every=int(every), before_start=bool(before_start))
+    spec.validate()
+    if not spec.enabled:
+        compat.log.warning("[PipeTrain] eval_cache is connected but eval_every is 0 and eval_before_start is off: "
+                           "no eval this run.")
+    return spec
+
+
 def _output_dir_or_empty() -> str:
     try:
         return compat.output_directory()
@@ -231,6 +279,9 @@ def relay(cfg: RunConfig, config_path: str, cuda: bool, model_name: str, node_id
                     _log_progress(cfg.run_name, last, started)
                 elif kind == "sample" and decoder is not None:
                     _show_samples(decoder, feed, bar, ev, last)
+                elif kind == "eval":
+                    compat.log.info("[PipeTrain] %s eval at step %s: loss %.5f", cfg.run_name, ev.get("step"),
+                                    float(ev.get("loss", float("nan"))))
                 elif kind == "warning":
                     compat.log.warning("[PipeTrain] %s: %s", cfg.run_name, ev.get("message", ""))
                 elif kind in ("done", "cancelled"):

@@ -155,10 +155,35 @@ def test_trust_cache_skips_the_file_check(m, encoders, dataset):
                                                       trust_cache=True)
     assert trusted == first and (vae.vae_calls, clip.clip_calls) == (0, 0)  # reused as-is, nothing opened
     (checked,) = m.cache.PipeTrainCacheLatents().cache(dataset=spec, vae=vae, clip=clip, regenerate=False)
-    assert checked.fingerprint != first.fingerprint and vae.vae_calls == 4
+    # a new fingerprint; only the edited image is encoded, the other 3 are linked from the first cache
+    assert checked.fingerprint != first.fingerprint and vae.vae_calls == 1
     # other encoder settings never match a trusted cache
     other = m.cache.find_trusted_cache(spec, {"vae": "another", "clip": "x"})
     assert other is None
+
+
+def test_only_changed_files_are_encoded_again(m, encoders, dataset):
+    """An edited image or caption gives a new fingerprint (a new folder); the items of unchanged files
+    are linked from the previous cache, with the same tensors, instead of encoded again."""
+    spec, paths = dataset
+    first = _run(m, spec, encoders[0], encoders[1])
+    from PIL import Image
+
+    Image.new("RGB", (64, 64), (200, 10, 10)).save(paths[1])
+    with open(os.path.splitext(paths[0])[0] + ".txt", "a", encoding="utf-8") as f:
+        f.write(" at night")
+    vae, clip = Counting(encoders[0]), Counting(encoders[1])
+    second = _run(m, spec, vae, clip)
+    assert second.fingerprint != first.fingerprint and vae.vae_calls == 2
+    old, new = m.fmt.CachedDataset(first.cache_dir), m.fmt.CachedDataset(second.cache_dir)
+    assert new[0]["caption"].endswith(" at night")
+    pixels = torch.from_numpy(m.data.load_image(paths[1], 64)).unsqueeze(0)
+    torch.testing.assert_close(new[1]["latent"], encoders[0].encode(pixels)[0])
+    for i in (2, 3):
+        assert os.path.samefile(new.cache_dir / new.items[i]["file"], old.cache_dir / old.items[i]["file"])
+    vae = Counting(encoders[0])
+    _run(m, spec, vae, encoders[1], regenerate=True)
+    assert vae.vae_calls == 4  # regenerate links nothing
 
 
 def test_cancelled_run_resumes(m, encoders, dataset, comfy):

@@ -128,22 +128,15 @@ def test_unsupported_flux_variants_are_refused(comfy):
         adapter_for(fill).layers(fill)
 
 
-@pytest.mark.parametrize("family", ["chroma", "flux2"])
-def test_other_flux_block_families_have_no_adapter(comfy, family):
+def test_flux2_has_no_adapter(comfy):  # Chroma, also on the Flux blocks, has its own: test_pipeline_chroma.py
     import comfy.supported_models as sm
     from PipeTrain.engine.models import adapter_for
 
-    if family == "chroma":
-        model = sm.Chroma(dict(image_model="chroma", in_channels=64, out_channels=64, context_in_dim=48,
-                               hidden_size=64, mlp_ratio=4.0, num_heads=2, depth=1, depth_single_blocks=2,
-                               axes_dim=[8, 12, 12], theta=10000, patch_size=2, qkv_bias=True, in_dim=64,
-                               out_dim=64, hidden_dim=32, n_layers=2)).get_model({})
-    else:
-        model = sm.Flux2(dict(image_model="flux2", axes_dim=[8, 8, 8, 8], num_heads=2, mlp_ratio=3.0, theta=2000,
-                              out_channels=128, global_modulation=True, vec_in_dim=None, mlp_silu_act=True,
-                              qkv_bias=False, ops_bias=False, default_ref_method="index", ref_index_scale=10.0,
-                              in_channels=128, hidden_size=64, context_in_dim=96, patch_size=1, depth=1,
-                              depth_single_blocks=2, guidance_embed=True)).get_model({})
+    model = sm.Flux2(dict(image_model="flux2", axes_dim=[8, 8, 8, 8], num_heads=2, mlp_ratio=3.0, theta=2000,
+                          out_channels=128, global_modulation=True, vec_in_dim=None, mlp_silu_act=True,
+                          qkv_bias=False, ops_bias=False, default_ref_method="index", ref_index_scale=10.0,
+                          in_channels=128, hidden_size=64, context_in_dim=96, patch_size=1, depth=1,
+                          depth_single_blocks=2, guidance_embed=True)).get_model({})
     with pytest.raises(ConfigError, match="pipeline_stages > 1 is not available"):
         adapter_for(model)
 

@@ -28,11 +28,14 @@ def _image(server, entry: dict, node: str) -> Image.Image:
 
 @pytest.fixture(scope="module")
 def trained(comfy_server, demo_base):
-    """The example workflow up to TrainPipeline plus the two reader nodes: 12 steps, samples every 6."""
+    """The example workflow up to TrainPipeline plus the two reader nodes: 12 steps, samples every 6,
+    the training set also connected as eval set (eval every 6 and before the start), a noise range."""
     prompt = demo_prompt(demo_base, steps=12, processes=1, run_name="ui_run")
     keep = {"1", "2", "3", "4", "5", "6", "7", "8", "19", "20", "21", "22"}
     prompt = {k: v for k, v in prompt.items() if k in keep}
-    _by_type(prompt, "PipeTrainTrainPipeline")["sample_every"] = 6
+    cache_node = next(k for k, n in prompt.items() if n["class_type"] == "PipeTrainCacheLatents")
+    _by_type(prompt, "PipeTrainTrainPipeline").update(sample_every=6, eval_cache=[cache_node, 0], eval_every=6,
+                                                      eval_before_start=True, min_t=0.02, max_t=0.98)
     entry = comfy_server.run(prompt, timeout=600)
     run_dir = Path(demo_base["base_dir"]) / "output" / "pipetrain" / "ui_run"
     return entry, run_dir, prompt
@@ -50,6 +53,16 @@ def test_samples_are_decoded_into_the_run_folder_and_shown_on_the_node(comfy_ser
     served = requests.get(comfy_server.url + "/view", params=node_images[0], timeout=30)
     assert served.status_code == 200 and Image.open(io.BytesIO(served.content)).size == (64, 64)
     assert any(p.name.endswith(".samples") for p in (run_dir / "tensorboard").iterdir()), "no TensorBoard images"
+
+
+def test_eval_and_noise_range_inputs_reach_run_json_and_the_eval_runs(trained):
+    _, run_dir, _ = trained
+    cfg = json.loads((run_dir / "run.json").read_text(encoding="utf-8"))
+    assert cfg["eval"] == {"cache_dir": cfg["cache_dir"], "every": 6, "before_start": True, "seed": 0}
+    assert (cfg["train"]["min_t"], cfg["train"]["max_t"]) == (0.02, 0.98)
+    events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text(encoding="utf-8").splitlines()]
+    evals = [e for e in events if e["event"] == "eval"]
+    assert [e["step"] for e in evals] == [0, 6, 12] and all(len(e["losses"]) == 5 for e in evals)
 
 
 def test_run_state_route_replays_the_run_for_a_reloaded_page(comfy_server, trained):

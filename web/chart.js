@@ -2,9 +2,9 @@
 // layout and drawing on any CanvasRenderingContext2D-like object. No DOM or ComfyUI imports, so
 // tests/ui/chart.test.mjs runs it under plain node.
 
-/** A fresh run state. steps: [[step, loss, lr, time], ...] in step order. */
+/** A fresh run state. steps: [[step, loss, lr, time], ...] in step order; evals: [[step, eval loss], ...]. */
 export function emptyRun(run = "", total = 0) {
-  return { run, total, steps: [], samples: [], status: "idle", reason: "", warnings: [] };
+  return { run, total, steps: [], evals: [], samples: [], status: "idle", reason: "", warnings: [] };
 }
 
 const FINISHED = new Set(["done", "cancelled", "failed"]);
@@ -31,6 +31,11 @@ export function applyEvent(state, ev) {
       if (!FINISHED.has(state.status)) state.status = ev.step >= state.total && state.total > 0 ? "saving" : "training";
       break;
     }
+    case "eval": // the held-out eval loss (engine/eval_set.py); a resumed run's repeat replaces it
+      if (!Number.isFinite(ev.loss)) break;
+      state.evals = (state.evals || []).filter((r) => r[0] !== ev.step).concat([[ev.step, ev.loss]]);
+      state.evals.sort((a, b) => a[0] - b[0]);
+      break;
     case "sampling":
       if (!FINISHED.has(state.status)) state.status = "sampling";
       break;
@@ -193,10 +198,11 @@ export function xEnd(lastStep, total) {
   return Math.max(lastStep, Math.min(total, ahead));
 }
 
-/** Scales for the chart: x over steps (0..xEnd), y over the loss range with a little margin. */
-export function layout(steps, total, width, height, pad = PAD) {
+/** Scales for the chart: x over steps (0..xEnd), y over the loss range (and extraYs, the eval
+ *  losses) with a little margin. */
+export function layout(steps, total, width, height, pad = PAD, extraYs = []) {
   const xs = steps.map((r) => r[0]);
-  const ys = steps.map((r) => r[1]).filter(Number.isFinite);
+  const ys = steps.map((r) => r[1]).concat(extraYs).filter(Number.isFinite);
   const x0 = 0;
   const x1 = xEnd(xs.length ? xs[xs.length - 1] : 0, total);
   let y0 = ys.length ? Math.min(...ys) : 0;
@@ -231,7 +237,8 @@ export function nearestStep(steps, s) {
   return Math.abs(steps[lo][0] - s) <= Math.abs(steps[hi][0] - s) ? steps[lo] : steps[hi];
 }
 
-export const COLORS = { raw: "rgba(120,160,255,0.35)", smooth: "#4c8dff", axis: "#888", text: "#ccc", hover: "#ffb347" };
+export const COLORS = { raw: "rgba(120,160,255,0.35)", smooth: "#4c8dff", axis: "#888", text: "#ccc", hover: "#ffb347",
+  eval: "#5fd38d" };
 
 function polyline(ctx, pts, L) {
   ctx.beginPath();
@@ -239,11 +246,12 @@ function polyline(ctx, pts, L) {
   ctx.stroke();
 }
 
-/** Draw the loss chart (raw and smoothed) and, when hoverPx is set, the hovered step with its LR.
- *  Returns what was drawn ({layout, hover}), for tests and the caller's tooltip. */
+/** Draw the loss chart (raw and smoothed, eval losses as green squares) and, when hoverPx is set,
+ *  the hovered step with its LR. Returns what was drawn ({layout, hover}), for tests and the caller's tooltip. */
 export function drawChart(ctx, state, width, height, hoverPx = null) {
   ctx.clearRect(0, 0, width, height);
-  const L = layout(state.steps, state.total, width, height);
+  const evals = state.evals || [];
+  const L = layout(state.steps, state.total, width, height, PAD, evals.map((r) => r[1]));
   ctx.strokeStyle = COLORS.axis;
   ctx.fillStyle = COLORS.text;
   ctx.lineWidth = 1;
@@ -269,19 +277,26 @@ export function drawChart(ctx, state, width, height, hoverPx = null) {
   ctx.lineWidth = 2;
   polyline(ctx, smoothPts, L);
   ctx.lineWidth = 1;
+  if (evals.length) {
+    ctx.fillStyle = COLORS.eval;
+    for (const [s, v] of evals) ctx.fillRect(L.sx(s) - 2.5, L.sy(v) - 2.5, 5, 5);
+    ctx.fillText("\u25A0 eval", width - L.pad.right - 40, L.pad.top + 10);
+  }
   let hover = null;
   if (hoverPx !== null && hoverPx >= L.pad.left) {
     const rec = nearestStep(state.steps, L.stepAt(hoverPx));
     if (rec) {
       const i = state.steps.indexOf(rec);
-      hover = { step: rec[0], loss: rec[1], smoothed: sm[i], lr: rec[2] };
+      const ev = evals.find((r) => r[0] === rec[0]);
+      hover = { step: rec[0], loss: rec[1], smoothed: sm[i], lr: rec[2], eval: ev ? ev[1] : null };
       ctx.strokeStyle = COLORS.hover;
       ctx.beginPath();
       ctx.moveTo(L.sx(rec[0]), L.pad.top);
       ctx.lineTo(L.sx(rec[0]), height - L.pad.bottom);
       ctx.stroke();
       ctx.fillStyle = COLORS.hover;
-      const label = `step ${rec[0]}  loss ${rec[1].toFixed(4)}  smoothed ${sm[i].toFixed(4)}  lr ${rec[2].toExponential(2)}`;
+      const label = `step ${rec[0]}  loss ${rec[1].toFixed(4)}  smoothed ${sm[i].toFixed(4)}  lr ${rec[2].toExponential(2)}` +
+        (ev ? `  eval ${ev[1].toFixed(4)}` : "");
       ctx.fillText(label, L.pad.left + 4, L.pad.top + 10);
     }
   }

@@ -9,12 +9,18 @@ Models without an adapter still train through the generic path with pipeline_sta
 from __future__ import annotations
 
 from ..config import ConfigError
+from .chroma import ChromaAdapter
 from .flux import FluxAdapter
+from .qwen_image import QwenImageAdapter
+from .unet import UNetAdapter
 from .wan import WanAdapter
 
 ADAPTERS = {
     WanAdapter.name: WanAdapter,
     FluxAdapter.name: FluxAdapter,
+    UNetAdapter.name: UNetAdapter,
+    ChromaAdapter.name: ChromaAdapter,
+    QwenImageAdapter.name: QwenImageAdapter,
 }
 
 

@@ -139,3 +139,19 @@ test("drawing: raw and smoothed polylines over every step, hover shows the step'
   drawChart(empty, emptyRun(), 400, 200);
   assert.ok(empty.calls.some((c) => c[0] === "fillText" && /loss appears here/.test(c[1])));
 });
+
+test("eval events: one point per step in step order, in the y range, drawn as markers, shown on hover", () => {
+  const st = emptyRun("r", 4);
+  [step(1, 1.0, 1), step(2, 0.5, 2), step(3, 0.75, 3), step(4, 0.25, 4)].forEach((e) => applyEvent(st, e));
+  for (const [s, loss] of [[4, 0.2], [0, 3.0], [4, 0.1]]) applyEvent(st, { event: "eval", step: s, loss });
+  applyEvent(st, { event: "eval", step: 2, loss: NaN });
+  assert.deepEqual(st.evals, [[0, 3.0], [4, 0.1]]);
+  const ctx = recorder();
+  const { layout: L } = drawChart(ctx, st, 400, 200, null);
+  assert.ok(L.y1 > 3.0 && L.y0 < 0.1, "eval losses outside the y range");
+  assert.equal(ctx.calls.filter((c) => c[0] === "fillRect").length, 2);
+  const hovered = drawChart(recorder(), st, 400, 200, L.sx(4));
+  assert.equal(hovered.hover.eval, 0.1);
+  const snap = stateFromSnapshot({ run: "r", total: 4, events: [{ event: "eval", step: 0, loss: 2 }] });
+  assert.deepEqual(snap.evals, [[0, 2]]);
+});

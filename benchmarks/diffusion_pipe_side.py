@@ -1,0 +1,399 @@
+"""Time diffusion-pipe's own LoRA training on the shapes PipeTrain benchmarks (issue 6).
+
+Builds everything diffusion-pipe needs offline, runs its train.py under the DeepSpeed launcher on
+one GPU and prints one JSON line per run with the median seconds per step:
+
+    python benchmarks/diffusion_pipe_side.py --work /tmp/dp_work --dp .dp_src --model flux --runs nockpt,ckpt
+
+--dp is an unpacked diffusion-pipe checkout with submodules/ComfyUI and submodules/HunyuanVideo
+(hyvideo) filled in. The model is a random-init model of the real shape in the folder layout
+diffusion-pipe loads (Flux: a diffusers FLUX.1-dev folder; Wan: the Wan2.1-T2V-14B folder), with the
+smallest text encoders / VAE / tokenizers its loaders accept, built offline (text encoder widths
+match what the transformer expects). --tiny shrinks the transformer for a CPU check of the files.
+Step times come from DeepSpeed's "steps: N ... iter time (s): T" lines; the process is stopped once
+enough steps were seen (before diffusion-pipe's final save).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+NO_MULTICAST = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+STEP_RE = re.compile(r"steps: (\d+) loss: (\S+) .*iter time \(s\): ([0-9.]+)")
+CUDNN_CRASH_RE = re.compile(r"mha_graph|cudnn|CUBLAS_STATUS_EXECUTION_FAILED|illegal memory access", re.IGNORECASE)
+
+FLUX_DEV = {"patch_size": 1, "in_channels": 64, "num_layers": 19, "num_single_layers": 38, "attention_head_dim": 128,
+            "num_attention_heads": 24, "joint_attention_dim": 4096, "pooled_projection_dim": 768,
+            "guidance_embeds": True, "axes_dims_rope": (16, 56, 56)}
+FLUX_TINY = dict(FLUX_DEV, num_layers=1, num_single_layers=1, attention_head_dim=16, num_attention_heads=2,
+                 joint_attention_dim=32, pooled_projection_dim=32, axes_dims_rope=(4, 6, 6))
+WAN_T2V_14B = {"_class_name": "WanModel", "_diffusers_version": "0.30.0", "model_type": "t2v", "patch_size": [1, 2, 2],
+               "text_len": 512, "in_dim": 16, "dim": 5120, "ffn_dim": 13824, "freq_dim": 256, "text_dim": 4096,
+               "out_dim": 16, "num_heads": 40, "num_layers": 40, "window_size": [-1, -1], "qk_norm": True,
+               "cross_attn_norm": True, "eps": 1e-06}
+CHARS = [chr(c) for c in range(ord("a"), ord("z") + 1)] + [str(d) for d in range(10)]
+
+
+# ----------------------------------------------------------------------------- random weights
+def _init_value(name, shape, gen, device):
+    """Seeded values that keep activations finite: norms 1, biases 0, weights N(0, 1/fan_in)."""
+    import torch
+
+    module = name.split(".")[-2] if "." in name else ""
+    if name.endswith(("bias", "beta")):
+        return torch.zeros(shape, dtype=torch.bfloat16, device=device)
+    if len(shape) == 1 or name.endswith("gamma") or ("norm" in module and name.endswith("weight")):
+        return torch.ones(shape, dtype=torch.bfloat16, device=device)
+    fan_in = max(1, math.prod(shape[1:]))
+    t = torch.randn(shape, generator=gen, device=device, dtype=torch.float32 if device == "cpu" else torch.bfloat16)
+    return (t * (1.0 / math.sqrt(fan_in))).to(torch.bfloat16)
+
+
+def write_random_safetensors(shapes: dict, out_dir: Path, prefix: str, shard_gb: float = 4.0) -> int:
+    """Fill every tensor of `shapes` (name -> shape) and write sharded safetensors plus an index."""
+    import torch
+    from safetensors.torch import save_file
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    gen = torch.Generator(device=device).manual_seed(0)
+    names = list(shapes)
+    shards, current, size = [], {}, 0
+    for name in names:
+        current[name] = _init_value(name, tuple(shapes[name]), gen, device).cpu()
+        size += current[name].numel() * 2
+        if size >= shard_gb * 2**30:
+            shards.append(current)
+            current, size = {}, 0
+    if current:
+        shards.append(current)
+    weight_map, total = {}, 0
+    for i, shard in enumerate(shards):
+        fname = f"{prefix}-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+        save_file(shard, str(out_dir / fname), metadata={"format": "pt"})
+        for k, v in shard.items():
+            weight_map[k] = fname
+            total += v.numel() * 2
+        shard.clear()
+    (out_dir / f"{prefix}.safetensors.index.json").write_text(
+        json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=1))
+    return total
+
+
+def meta_shapes(build) -> dict:
+    import torch
+
+    with torch.device("meta"):
+        module = build()
+    return {k: tuple(v.shape) for k, v in module.state_dict().items()}
+
+
+# ----------------------------------------------------------------------------- tokenizers / encoders
+def clip_tokenizer(out: Path):
+    from transformers import CLIPTokenizer
+
+    vocab = {"<|startoftext|>": 0, "<|endoftext|>": 1}
+    for c in CHARS:
+        vocab[c] = len(vocab)
+        vocab[c + "</w>"] = len(vocab)
+    tok = CLIPTokenizer(vocab=vocab, merges=[], unk_token="<|endoftext|>", bos_token="<|startoftext|>",
+                        eos_token="<|endoftext|>", pad_token="<|endoftext|>", model_max_length=77)
+    tok.save_pretrained(str(out))
+    return len(vocab)
+
+
+def t5_tokenizer(out: Path, max_len: int = 512):
+    from transformers import T5TokenizerFast
+
+    pieces = [("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0), ("\u2581", -2.0)]
+    pieces += [(c, -3.0) for c in CHARS] + [("\u2581" + c, -3.5) for c in CHARS]
+    tok = T5TokenizerFast(vocab=pieces, extra_ids=0, model_max_length=max_len)
+    tok.save_pretrained(str(out))
+    return len(pieces)
+
+
+def write_flux_folder(root: Path, tiny: bool) -> dict:
+    """A diffusers FLUX.1-dev folder: random full-size transformer, smallest encoders/VAE it accepts."""
+    import torch
+    from diffusers import (
+        AutoencoderKL,
+        FlowMatchEulerDiscreteScheduler,
+        FluxTransformer2DModel,
+    )
+    from transformers import CLIPTextConfig, CLIPTextModel, T5Config, T5EncoderModel
+
+    cfg = FLUX_TINY if tiny else FLUX_DEV
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "transformer").mkdir(exist_ok=True)
+    shapes = meta_shapes(lambda: FluxTransformer2DModel(**cfg))
+    with torch.device("meta"):
+        FluxTransformer2DModel(**cfg).save_config(str(root / "transformer"))
+    nbytes = write_random_safetensors(shapes, root / "transformer", "diffusion_pytorch_model")
+
+    torch.manual_seed(0)
+    clip_dim, t5_dim = cfg["pooled_projection_dim"], cfg["joint_attention_dim"]
+    n_clip = clip_tokenizer(root / "tokenizer")
+    CLIPTextModel(CLIPTextConfig(vocab_size=n_clip, hidden_size=clip_dim, intermediate_size=64, num_hidden_layers=1,
+                                 num_attention_heads=max(1, clip_dim // 64), projection_dim=clip_dim,
+                                 max_position_embeddings=77, bos_token_id=0, eos_token_id=1, pad_token_id=1)
+                  ).to(torch.bfloat16).save_pretrained(str(root / "text_encoder"))
+    n_t5 = t5_tokenizer(root / "tokenizer_2")
+    T5EncoderModel(T5Config(vocab_size=n_t5, d_model=t5_dim, d_kv=16, d_ff=64, num_layers=1, num_heads=2,
+                            feed_forward_proj="gated-gelu", pad_token_id=0, eos_token_id=1,
+                            decoder_start_token_id=0)).to(torch.bfloat16).save_pretrained(str(root / "text_encoder_2"))
+    AutoencoderKL(down_block_types=("DownEncoderBlock2D",) * 4, up_block_types=("UpDecoderBlock2D",) * 4,
+                  block_out_channels=(32,) * 4, layers_per_block=1, latent_channels=16, norm_num_groups=32,
+                  sample_size=1024, scaling_factor=0.3611, shift_factor=0.1159, use_quant_conv=False,
+                  use_post_quant_conv=False).save_pretrained(str(root / "vae"))
+    FlowMatchEulerDiscreteScheduler(shift=3.0, use_dynamic_shifting=True, base_shift=0.5, max_shift=1.15,
+                                    base_image_seq_len=256, max_image_seq_len=4096).save_pretrained(str(root / "scheduler"))
+    import diffusers
+
+    (root / "model_index.json").write_text(json.dumps({
+        "_class_name": "FluxPipeline", "_diffusers_version": diffusers.__version__,
+        "scheduler": ["diffusers", "FlowMatchEulerDiscreteScheduler"], "text_encoder": ["transformers", "CLIPTextModel"],
+        "text_encoder_2": ["transformers", "T5EncoderModel"], "tokenizer": ["transformers", "CLIPTokenizer"],
+        "tokenizer_2": ["transformers", "T5TokenizerFast"], "transformer": ["diffusers", "FluxTransformer2DModel"],
+        "vae": ["diffusers", "AutoencoderKL"]}, indent=1))
+    return {"transformer_bytes": nbytes, "transformer_params": sum(math.prod(s) for s in shapes.values())}
+
+
+def write_wan_folder(root: Path, dp: Path, tiny: bool) -> dict:
+    """The Wan2.1-T2V-14B folder layout diffusion-pipe reads, random weights (T5/VAE at full size: fixed there)."""
+    import torch
+
+    sys.path.insert(0, str(dp))
+    from models.wan.model import (
+        WanModel,  # diffusion-pipe's own class: its parameter names are the file's keys
+    )
+    from models.wan.t5 import umt5_xxl
+    from models.wan.vae2_1 import WanVAE_
+
+    cfg = dict(WAN_T2V_14B, num_layers=1, dim=1536, ffn_dim=256, num_heads=12) if tiny else WAN_T2V_14B
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "config.json").write_text(json.dumps(cfg, indent=1))
+    model_cfg = {k: v for k, v in cfg.items() if not k.startswith("_")}
+    shapes = meta_shapes(lambda: WanModel(**model_cfg))
+    nbytes = write_random_safetensors(shapes, root, "diffusion_pytorch_model")
+    t5_shapes = meta_shapes(lambda: umt5_xxl(encoder_only=True, return_tokenizer=False, dtype=torch.bfloat16, device="meta"))
+    tmp = root / "_t5"
+    tmp.mkdir(exist_ok=True)
+    write_random_safetensors(t5_shapes, tmp, "t5", shard_gb=64)
+    from safetensors.torch import load_file
+
+    torch.save(load_file(str(next(tmp.glob("t5-*.safetensors")))), root / "models_t5_umt5-xxl-enc-bf16.pth")
+    shutil.rmtree(tmp)
+    torch.manual_seed(0)
+    vae = WanVAE_(dim=96, z_dim=16, dim_mult=[1, 2, 4, 4], num_res_blocks=2, attn_scales=[],
+                  temperal_downsample=[False, True, True], dropout=0.0)
+    torch.save(vae.state_dict(), root / "Wan2.1_VAE.pth")
+    t5_tokenizer(root / "google" / "umt5-xxl")
+    return {"transformer_bytes": nbytes, "transformer_params": sum(math.prod(s) for s in shapes.values())}
+
+
+# ----------------------------------------------------------------------------- data and configs
+def write_images(folder: Path, n: int, size: int):
+    import numpy as np
+    from PIL import Image
+
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    for i in range(n):
+        base = rng.integers(0, 256, (size // 16, size // 16, 3), dtype=np.uint8)
+        Image.fromarray(base).resize((size, size), Image.BILINEAR).save(folder / f"img{i:03d}.png")
+        (folder / f"img{i:03d}.txt").write_text(f"a photo of pattern {i} in many colors")
+
+
+def write_videos(folder: Path, n: int, size: int, frames: int):
+    import av  # PyAV: diffusion-pipe decodes videos through ComfyUI's av-based loader
+    import numpy as np
+
+    folder.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    for i in range(n):
+        with av.open(str(folder / f"vid{i:03d}.mp4"), "w") as box:
+            stream = box.add_stream("mpeg4", rate=16)
+            stream.width = stream.height = size
+            stream.pix_fmt = "yuv420p"
+            for f in range(frames):
+                img = np.roll(rng.integers(0, 256, (size, size, 3), dtype=np.uint8) // 4 + 64 * (f % 4), f, axis=1)
+                for packet in stream.encode(av.VideoFrame.from_ndarray(img, format="rgb24")):
+                    box.mux(packet)
+            for packet in stream.encode():
+                box.mux(packet)
+        (folder / f"vid{i:03d}.txt").write_text(f"a video of pattern {i} moving")
+
+
+def write_configs(work: Path, name: str, model: str, model_dir: Path, data_dir: Path, ckpt: bool, steps: int,
+                  size: int, frames: int) -> Path:
+    dataset = work / f"dataset_{model}.toml"
+    dataset.write_text(f"resolutions = [{size}]\nenable_ar_bucket = false\nframe_buckets = [{frames}]\n\n"
+                       f"[[directory]]\npath = '{data_dir}'\nnum_repeats = 1\n")
+    if model == "flux":
+        model_block = f"type = 'flux'\ndiffusers_path = '{model_dir}'\ndtype = 'bfloat16'\ntimestep_sample_method = 'logit_normal'\n"
+    else:
+        model_block = f"type = 'wan'\nckpt_path = '{model_dir}'\ndtype = 'bfloat16'\ntimestep_sample_method = 'logit_normal'\n"
+    config = work / f"config_{name}.toml"
+    config.write_text(
+        f"output_dir = '{work / 'runs' / name}'\ndataset = '{dataset}'\nepochs = 1000\nmax_steps = {steps}\n"
+        "micro_batch_size_per_gpu = 1\npipeline_stages = 1\ngradient_accumulation_steps = 1\ngradient_clipping = 1.0\n"
+        "warmup_steps = 0\neval_before_first_step = false\nsave_every_n_epochs = 1000\n"
+        f"activation_checkpointing = {'true' if ckpt else 'false'}\nsave_dtype = 'bfloat16'\ncaching_batch_size = 1\n"
+        "steps_per_print = 1\nvideo_clip_mode = 'single_beginning'\n\n"
+        f"[model]\n{model_block}\n[adapter]\ntype = 'lora'\nrank = 32\ndtype = 'bfloat16'\n\n"
+        "[optimizer]\ntype = 'adamw'\nlr = 2e-5\nbetas = [0.9, 0.99]\nweight_decay = 0.01\neps = 1e-8\n")
+    return config
+
+
+def write_shims(work: Path, no_cudnn_sdpa: bool) -> Path:
+    """Stand-ins for imports diffusion-pipe makes but never uses here: wandb (off in the config) and, when
+    PyAV is absent, av (ComfyUI's video types import it; images never reach it)."""
+    import importlib.util
+
+    shim = work / "shim"
+    shutil.rmtree(shim, ignore_errors=True)
+    shim.mkdir(parents=True)
+    if importlib.util.find_spec("wandb") is None:
+        (shim / "wandb.py").write_text("def _off(*a, **k):\n    raise RuntimeError('wandb stub: monitoring is off')\n"
+                                       "login = init = log = _off\n")
+    if importlib.util.find_spec("av") is None:
+        stub = ("class _Any(type):\n    def __getattr__(cls, name):\n        return _Any(name, (), {})\n"
+                "def __getattr__(name):\n    if name.startswith('__'):\n        raise AttributeError(name)\n"
+                "    return _Any(name, (), {})\n")
+        for mod in ("av/__init__.py", "av/container.py", "av/subtitles/__init__.py", "av/subtitles/stream.py"):
+            (shim / mod).parent.mkdir(parents=True, exist_ok=True)
+            (shim / mod).write_text(stub)
+    if no_cudnn_sdpa:  # fallback for the cuDNN attention backward crash seen with diffusers blocks (GPU-BASELINE.md)
+        (shim / "sitecustomize.py").write_text("import torch\ntorch.backends.cuda.enable_cudnn_sdp(False)\n")
+    return shim
+
+
+# ----------------------------------------------------------------------------- running
+def gpu_memory_sampler(stop: threading.Event, peak: list):
+    while not stop.is_set():
+        try:
+            out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits", "-i", "0"],
+                                 capture_output=True, text=True, timeout=5, check=False).stdout.strip()
+            peak[0] = max(peak[0], int(out.splitlines()[0]))
+        except (OSError, ValueError, IndexError, subprocess.SubprocessError):
+            pass
+        stop.wait(0.5)
+
+
+def run_training(dp: Path, config: Path, log: Path, shim: Path, want_steps: int, warmup: int, timeout: float,
+                 port: int) -> dict:
+    env = dict(os.environ, **NO_MULTICAST, PYTHONUNBUFFERED="1")
+    env["PYTHONPATH"] = os.pathsep.join([str(shim)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    cmd = [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus=1", "--master_port", str(port),
+           "train.py", "--deepspeed", "--config", str(config)]
+    start = time.monotonic()
+    proc = subprocess.Popen(cmd, cwd=dp, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            bufsize=1, start_new_session=True)
+    stop, peak = threading.Event(), [0]
+    threading.Thread(target=gpu_memory_sampler, args=(stop, peak), daemon=True).start()
+    timer = threading.Timer(timeout, lambda: os.killpg(proc.pid, signal.SIGKILL))
+    timer.start()
+    steps, tail, reason = [], [], "exited"
+    with open(log, "w") as f:
+        for line in proc.stdout:
+            f.write(line)
+            tail = (tail + [line.rstrip()])[-40:]
+            m = STEP_RE.search(line)
+            if m:
+                steps.append((int(m.group(1)), float(m.group(2)), float(m.group(3)), time.monotonic() - start))
+                if len(steps) >= want_steps:
+                    reason = "enough steps"
+                    os.killpg(proc.pid, signal.SIGTERM)
+                    break
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    timer.cancel()
+    stop.set()
+    if reason != "enough steps" and time.monotonic() - start >= timeout - 1:
+        reason = "timeout"
+    timed = steps[warmup:]
+    walls = [steps[j][3] - steps[j - 1][3] for j in range(max(1, warmup), len(steps))]
+    result = {"stop": reason, "returncode": proc.returncode, "steps_seen": len(steps),
+              "first_step_after_s": round(steps[0][3], 1) if steps else None,
+              "median_iter_s": round(statistics.median(s[2] for s in timed), 4) if timed else None,
+              "median_wall_s": round(statistics.median(walls), 4) if walls else None,
+              "iter_s": [s[2] for s in steps], "loss": [s[1] for s in steps],
+              "nvidia_smi_peak_gib": round(peak[0] / 1024, 2) if peak[0] else None, "log": str(log)}
+    if not timed:
+        result["tail"] = tail[-15:]
+        result["cudnn_crash"] = any(CUDNN_CRASH_RE.search(t) for t in tail)
+    return result
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--work", required=True, help="scratch folder (model, data, configs, logs)")
+    p.add_argument("--dp", required=True, help="unpacked diffusion-pipe checkout with submodules filled in")
+    p.add_argument("--model", choices=["flux", "wan"], default="flux")
+    p.add_argument("--runs", default="nockpt,ckpt", help="comma list of nockpt / ckpt (activation checkpointing)")
+    p.add_argument("--steps", type=int, default=12, help="steps to see per run (first --warmup not timed)")
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--images", type=int, default=16)
+    p.add_argument("--tiny", action="store_true", help="tiny transformer (CPU check of the files)")
+    p.add_argument("--prepare-only", action="store_true", help="write model, data and configs; do not train")
+    p.add_argument("--no-cudnn-sdpa", action="store_true", help="disable cuDNN SDPA from the start")
+    p.add_argument("--keep", action="store_true", help="keep the model folder afterwards")
+    p.add_argument("--timeout", type=float, default=470, help="seconds for everything")
+    args = p.parse_args(argv)
+    t0 = time.monotonic()
+    work, dp = Path(args.work).resolve(), Path(args.dp).resolve()
+    for need in ("train.py", "submodules/ComfyUI/comfy/sd.py", "submodules/HunyuanVideo/hyvideo/constants.py"):
+        if not (dp / need).is_file():
+            raise SystemExit(f"--dp {dp}: {need} missing; unpack diffusion-pipe with its ComfyUI and HunyuanVideo submodules")
+    work.mkdir(parents=True, exist_ok=True)
+    size, frames = (1024, 1) if args.model == "flux" else (512, 81)
+    model_dir, data_dir = work / f"{args.model}_model", work / f"{args.model}_data"
+    info = write_flux_folder(model_dir, args.tiny) if args.model == "flux" else write_wan_folder(model_dir, dp, args.tiny)
+    if not any(data_dir.glob("*.txt")):
+        if args.model == "flux":
+            write_images(data_dir, args.images, size)
+        else:
+            write_videos(data_dir, args.images, size, frames)
+    prep_s = round(time.monotonic() - t0, 1)
+    no_cudnn = args.no_cudnn_sdpa
+    for i, run in enumerate(r for r in args.runs.split(",") if r):
+        name = f"{args.model}_{run}"
+        config = write_configs(work, name, args.model, model_dir, data_dir, run == "ckpt", args.steps + 5, size, frames)
+        head = {"tool": "diffusion-pipe", "model": args.model, "run": name, "shape": f"{size}x{size}x{frames}",
+                "lora_rank": 32, "batch": 1, "activation_checkpointing": run == "ckpt", "tiny": args.tiny,
+                "prepare_s": prep_s, **info}
+        if args.prepare_only:
+            print(json.dumps({**head, "config": str(config)}), flush=True)
+            continue
+        left = args.timeout - (time.monotonic() - t0)
+        if left < 60:
+            print(json.dumps({**head, "error": "no time left"}), flush=True)
+            continue
+        shim = write_shims(work, no_cudnn)
+        res = run_training(dp, config, work / f"{name}.log", shim, args.steps, args.warmup, left, 29500 + i)
+        if res["median_iter_s"] is None and res.get("cudnn_crash") and not no_cudnn:
+            no_cudnn = True  # retry once without cuDNN attention, and say so
+            left = args.timeout - (time.monotonic() - t0)
+            if left >= 60:
+                res = dict(run_training(dp, config, work / f"{name}_nocudnn.log", write_shims(work, True),
+                                        args.steps, args.warmup, left, 29600 + i), retried_without_cudnn_sdpa=True)
+        print(json.dumps({**head, "cudnn_sdpa": not no_cudnn, **res}), flush=True)
+    if not args.keep and not args.prepare_only:
+        shutil.rmtree(model_dir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

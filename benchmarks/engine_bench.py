@@ -1,0 +1,86 @@
+"""Run PipeTrain's real engine (launcher -> DeepSpeed ranks -> events.jsonl) on a synthetic cache, and time it.
+
+Shared by benchmarks/pipeline.py and benchmarks/throughput.py. The cache holds random latents and
+random text conditioning of the shape's real sizes (model_shapes.Shape), so the engine does the same
+work as on a real dataset; the model file is a random-init full-size file (model_shapes.write_random).
+"""
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+from model_shapes import Shape
+
+
+def write_cache(root: Path, shape: Shape, size: int, frames: int = 1, items: int = 16) -> str:
+    """A latent cache of `items` random samples at size x size (x frames); returns its folder."""
+    import torch
+    from PipeTrain.engine.cache_format import write_item, write_manifest
+    from PipeTrain.engine.dataset import DatasetSpec, FolderSpec
+
+    latent = shape.latent(size, frames)
+    gen = torch.Generator().manual_seed(0)
+    cache = root / f"cache_{shape.family}_{size}x{frames}"
+    entries = []
+    for i in range(items):
+        extras: dict[str, Any] = dict(shape.extras)
+        if shape.pooled_dim:
+            extras["pooled_output"] = torch.randn((1, shape.pooled_dim), generator=gen)
+        write_item(cache, i, torch.randn((1, *latent), generator=gen),
+                   torch.randn((1, shape.text_tokens, shape.text_dim), generator=gen), extras,
+                   f"item{i}.png", f"caption {i}", 1)
+        entries.append({"file": f"items/{i:06d}.safetensors", "source": f"item{i}.png", "repeats": 1})
+    spec = DatasetSpec(folders=(FolderSpec(str(root)),), resolution=size)
+    write_manifest(cache, "0" * 16, spec, entries, list(latent), ["cross_attn", *sorted(extras)],
+                   {"benchmark": "random"})
+    return str(cache)
+
+
+def run_engine(name: str, model: str, cache: str, out: Path, *, gpus: int, steps: int, grad_accum: int = 1,
+               stages: int = 1, split: str = "", memory: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One training run through engine.launcher; step times from its events (median after 2 warm-up steps)."""
+    import torch
+    from PipeTrain.engine import launcher
+    from PipeTrain.engine.config import LaunchSpec, LoraSpec, MemorySpec, RunConfig, TrainSpec
+    from PipeTrain.engine.events import EventTail
+
+    run_dir = out / name
+    run_dir.mkdir(parents=True, exist_ok=True)
+    fields = dict(memory or {})
+    cfg = RunConfig(run_name=name, run_dir=str(run_dir), comfyui_root=os.environ["COMFYUI_PATH"], model_path=model,
+                    cache_dir=cache, lora=LoraSpec(rank=32, targets="all_linear"),
+                    memory=MemorySpec(base_dtype=fields.pop("base_dtype", "bfloat16"), pipeline_stages=stages,
+                                      pipeline_split=split, **fields),
+                    train=TrainSpec(steps=steps, learning_rate=1e-4, batch_size=1, grad_accum=grad_accum, seed=0),
+                    launch=LaunchSpec(num_gpus=gpus))
+    cfg.save(run_dir / "run.json")
+    started = time.time()
+    proc = launcher.spawn(RunConfig.load(run_dir / "run.json"), run_dir / "run.json", cuda=torch.cuda.is_available())
+    proc.wait()
+    events = EventTail(run_dir).read_new()
+    step_events = [e for e in events if e["event"] == "step"]
+    if proc.returncode != 0 or not step_events:
+        tail = launcher.log_tail(run_dir, 30)
+        print(tail, flush=True)
+        return {"run": name, "gpus": gpus, "stages": stages, "grad_accum": grad_accum,
+                "error": (tail.strip().splitlines() or [f"exit {proc.returncode}"])[-1][:160]}
+    timed = step_events[2:] if len(step_events) > 3 else step_events[-1:]
+    step_s = statistics.median(e["seconds"] for e in timed)
+    samples = grad_accum * (gpus // stages)
+    return {"run": name, "gpus": gpus, "stages": stages, "grad_accum": grad_accum, "step_s": step_s,
+            "samples_per_step": samples, "samples_per_s": samples / step_s, "ms_per_sample": 1000 * step_s / samples,
+            "launch_to_first_step_s": step_events[0]["time"] - started,  # until the first loss is shown
+            "peak_gib": max((e.get("peak_gib", 0.0) for e in step_events), default=0.0),
+            "losses": [round(e["loss"], 5) for e in step_events]}
+
+
+def lora_drift(run_a: Path, run_b: Path) -> float:
+    """Largest |difference| between two runs' final LoRAs, relative to the largest |weight|."""
+    from safetensors.torch import load_file
+
+    a, b = (load_file(str(d / "lora" / "lora_final.safetensors")) for d in (run_a, run_b))
+    scale = max(t.float().abs().max().item() for t in b.values())
+    return max((a[k].float() - b[k].float()).abs().max().item() for k in b) / max(scale, 1e-12)

@@ -1,0 +1,105 @@
+"""Real engine runs (DeepSpeed launcher, gloo ranks) on tiny Qwen-Image / Chroma files.
+
+ComfyUI's detection reads a file's block counts and some widths from its tensors, but pins others to
+the released models' values (Qwen-Image: 24 heads of 128, a 3584-wide text input; Chroma: 24 heads,
+rope axes 16+56+56, a 5-layer 5120-wide approximator). A file at those widths is hundreds of millions
+of parameters, far too slow for CPU ranks. So each rank runs this file instead of `python -m engine`:
+it wraps comfy.model_detection.detect_unet_config to replace exactly those pinned values with the tiny
+ones of tests/family_configs.py, then calls the engine's own main. Everything else is real: the file
+is loaded by comfy.sd.load_diffusion_model into ComfyUI's classes, and the engine trains it as usual.
+
+Use `use_tiny_detection(monkeypatch)` in a test so launcher.spawn (EngineRun) starts this file.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+
+# What detection pins (it reads every other config value from the file's tensors).
+PINNED = {
+    "qwen_image": dict(attention_head_dim=32, num_attention_heads=2, joint_attention_dim=48, axes_dims_rope=(8, 12, 12)),
+    "chroma": dict(num_heads=2, axes_dim=[8, 12, 12], out_dim=64, hidden_dim=32, n_layers=2),
+}
+TEXT_TOKENS = 6
+
+
+def _install_tiny_detection() -> None:
+    import comfy.model_detection
+
+    detect = comfy.model_detection.detect_unet_config
+
+    def tiny_detect(state_dict, key_prefix, metadata=None):
+        config = detect(state_dict, key_prefix, metadata=metadata)
+        if config is not None and config.get("image_model") in PINNED:
+            config = {**config, **PINNED[config["image_model"]]}
+        return config
+
+    comfy.model_detection.detect_unet_config = tiny_detect
+
+
+def use_tiny_detection(monkeypatch) -> None:
+    """Make the engine launcher start this file on every rank instead of `-m engine`."""
+    from PipeTrain.engine import launcher
+
+    command = launcher.launcher_command
+
+    def tiny_command(*args, **kwargs):
+        cmd = command(*args, **kwargs)
+        i = cmd.index("--module")
+        assert cmd[i:i + 3] == ["--module", "--no_local_rank", "engine"], cmd
+        return cmd[:i] + ["--no_local_rank", str(Path(__file__).resolve())] + cmd[i + 3:]
+
+    monkeypatch.setattr(launcher, "launcher_command", tiny_command)
+
+
+def write_model(path: Path, family_name: str, seed: int = 0, **config) -> Path:
+    """A tiny random-init file of the family (its family_configs config, changed by `config`)."""
+    import comfy.supported_models
+    import family_configs as fc
+    from safetensors.torch import save_file
+
+    family = next(f for f in fc.FAMILIES if f.name == family_name)
+    model = getattr(comfy.supported_models, family.supported)(dict(family.config, **config)).get_model({})
+    fc.init_weights(model.diffusion_model, seed)
+    state = {k: v.contiguous() for k, v in model.diffusion_model.state_dict().items()}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_file(state, str(path))
+    return path
+
+
+def write_cache(root: Path, latent: tuple[int, ...], text_width: int, items: int = 8, seed: int = 0,
+                refs: tuple[tuple[int, ...], ...] = (), extras: dict | None = None) -> str:
+    """A latent cache of seeded random items (PipeTrain's own cache writer). refs: the shape of each
+    reference latent per item (Edit models); extras: the same extra conditioning for every item."""
+    from PipeTrain.engine.cache_format import write_item, write_manifest
+    from PipeTrain.engine.dataset import DatasetSpec, FolderSpec
+
+    gen = torch.Generator().manual_seed(seed)
+    spec = DatasetSpec(folders=(FolderSpec(str(root)),), resolution=64)
+    cache = root / "cache"
+    entries = []
+    for i in range(items):
+        item_extras = dict(extras or {})
+        for n, shape in enumerate(refs):
+            item_extras[f"reference_latents.{n}"] = torch.randn((1, *shape), generator=gen)
+        write_item(cache, i, torch.randn((1, *latent), generator=gen),
+                   torch.randn((1, TEXT_TOKENS, text_width), generator=gen), item_extras, f"item{i}.png",
+                   f"caption {i}", 1)
+        entries.append({"file": f"items/{i:06d}.safetensors", "source": f"item{i}.png", "repeats": 1})
+    write_manifest(cache, "0" * 16, spec, entries, list(latent), ["cross_attn"], {"test": "tiny detected"})
+    return str(cache)
+
+
+if __name__ == "__main__":  # one rank: the engine's own entry point, with the tiny detection
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the pack root, as for `python -m engine`
+    from engine.__main__ import _parse
+    from engine.comfy_bootstrap import import_comfy
+    from engine.config import RunConfig
+    from engine.train import main
+
+    args = _parse(sys.argv[1:])
+    import_comfy(RunConfig.load(args.config).comfyui_root)
+    _install_tiny_detection()
+    sys.exit(main(args.config))
