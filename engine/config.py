@@ -78,7 +78,7 @@ def split_points(text: str, stages: int) -> list[int]:
     if not text.strip():
         return []
     fix = (f"give {stages - 1} increasing layer indices separated by commas (where stages 2..{stages} start), "
-           "or leave it empty to balance stages by parameter count.")
+           "or leave it empty to give every stage the same number of layers.")
     try:
         points = [int(p) for p in text.split(",")]
     except ValueError:
@@ -135,7 +135,7 @@ class MemorySpec:
     optimizer: str = "adamw"
     base_dtype: str = "auto"  # auto = what ComfyUI's loader picks for this device; float8_* keep norms etc. high
     pipeline_stages: int = 1
-    pipeline_split: str = ""  # "" = balance by parameter count; else layer indices where stages 2.. start
+    pipeline_split: str = ""  # "" = the same number of layers per stage; else layer indices where stages 2.. start
     block_swap: int = 0  # transformer blocks kept in CPU RAM and streamed in per use (engine/block_swap.py)
     block_swap_sampling: bool = True  # keep swapping while rendering samples; False = whole model on the GPU then
     compile_blocks: bool = False  # torch.compile each block, attention left eager (engine/compile_blocks.py)

@@ -45,7 +45,7 @@ def test_split_points_become_stage_bounds_and_out_of_range_names_the_layer_count
 
     MemorySpec(pipeline_stages=3, pipeline_split=" 2, 5").validate()
     assert stage_bounds(" 2, 5", 3, 8) == [0, 2, 5, 8]
-    assert stage_bounds("", 3, 8) is None  # balanced by parameter count
+    assert stage_bounds("", 3, 8) is None  # DeepSpeed cuts uniformly
     with pytest.raises(ConfigError, match=r"pipeline_split '2,8'.* 8 pipeline layers"):
         stage_bounds("2,8", 3, 8)
 
