@@ -42,6 +42,7 @@ OPTION_SETS = {  # name -> MemorySpec fields (+ "capped": run under the memory c
 }
 DEFAULT_OPTIONS = "baseline,checkpointing,swap,fp8,compile"
 RESOLUTION = {"wan21_14b": dict(size=512, frames=81), "flux_dev": dict(size=1024, frames=1),
+              "qwen_image": dict(size=1024, frames=1), "sdxl": dict(size=1024, frames=1),
               "tiny_wan": dict(size=64, frames=9)}
 
 
