@@ -41,10 +41,10 @@ def build_engine(cfg: RunConfig, model, objective: DiffusionObjective, optimizer
     parts = stage_bounds(cfg.memory.pipeline_split, stages, len(layers))
     module = _split_pipeline_module()(parts, layers=layers, num_stages=stages,
                                       loss_fn=lambda out, labels: native_loss(out, *labels),
-                                      partition_method="manual" if parts else "uniform")
+                                      partition_method="manual" if parts else adapter.partition)
     start, stop = module.parts[module.stage_id], module.parts[module.stage_id + 1]
     print(f"pipeline stage {module.stage_id + 1}/{stages}: layers {start}-{stop - 1} of {len(layers)} "
-          f"({'memory.pipeline_split' if parts else 'the same number of layers per stage'})", file=sys.stderr, flush=True)
+          f"({'memory.pipeline_split' if parts else _CUTS[adapter.partition]})", file=sys.stderr, flush=True)
     params = [p for p in module.parameters() if p.requires_grad]
     if not params:
         raise ConfigError(f"pipeline stage {module.stage_id} holds no LoRA weights with these LoRA targets "
@@ -65,9 +65,13 @@ def build_engine(cfg: RunConfig, model, objective: DiffusionObjective, optimizer
     return engine, adapter
 
 
+_CUTS = {"uniform": "the same number of layers per stage", "parameters": "balanced by parameter count"}
+
+
 def stage_bounds(split: str, stages: int, layer_count: int) -> list[int] | None:
     """DeepSpeed's `parts` ([0, start of stage 2, ..., layer_count]) from memory.pipeline_split, or
-    None for DeepSpeed's 'uniform' cut: the same number of layers per stage. The blocks of one model cost
+    None for the adapter's own cut (its `partition`). Transformer adapters use DeepSpeed's 'uniform'
+    cut, the same number of layers per stage: the blocks of one model cost
     about the same (Flux's double and single blocks do the same matmul work per token although a double
     block holds 2.4x the parameters), so equal layer counts balance the work where a cut by parameter
     count does not: on Flux-dev it left 17 blocks on stage 1 and 40 on stage 2 (docs/benchmarks.md)."""

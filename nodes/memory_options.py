@@ -67,7 +67,7 @@ class PipeTrainMemoryOptions:
                     "Where pipeline stages start, as layer indices separated by commas (pipeline_stages - 1 of "
                     "them, increasing). Layer 0 is the embedding, 1..N the transformer blocks, N+1 the head; "
                     "e.g. '21' puts the embedding and blocks 0-19 on GPU 1 of 2. Empty: the same number of "
-                    "layers per stage. Use it when the first or last GPU runs out of memory (docs/pipeline.md)."}),
+                    "layers per stage (SDXL/SD UNets: balanced by parameter count). Use it when the first or last GPU runs out of memory (docs/pipeline.md)."}),
                 "block_swap_sampling": ("BOOLEAN", {"default": True, "tooltip":
                     "With block_swap: keep swapping blocks while sample images are rendered during training "
                     "(on, the default: the memory stays as in training). Off: every block is on the GPU while "

@@ -4,6 +4,7 @@ An adapter cuts ComfyUI's diffusion model into a sequential list of stage layers
 (embed -> blocks -> head) for DeepSpeed's PipelineModule. Each layer takes and returns a tuple of
 tensors; the first takes `first_stage_inputs(prepared)`, the last returns ComfyUI's denoised
 prediction, exactly as `BaseModel.apply_model` would (tests/test_pipeline.py proves it per adapter).
+Each adapter also names its default stage cut (`partition`: DeepSpeed's "uniform" or "parameters").
 Models without an adapter still train through the generic path with pipeline_stages = 1.
 """
 from __future__ import annotations

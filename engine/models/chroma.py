@@ -160,6 +160,7 @@ class _Head(nn.Module):
 
 class ChromaAdapter:
     name = "chroma"
+    partition = "uniform"  # blocks of equal work: the same number of layers per stage
 
     @staticmethod
     def matches(base_model) -> bool:

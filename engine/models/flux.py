@@ -188,6 +188,7 @@ class _Head(nn.Module):
 
 class FluxAdapter:
     name = "flux"
+    partition = "uniform"  # blocks of equal work: the same number of layers per stage
 
     @staticmethod
     def matches(base_model) -> bool:

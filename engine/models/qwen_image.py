@@ -126,6 +126,7 @@ class _Head(nn.Module):
 
 class QwenImageAdapter:
     name = "qwen_image"
+    partition = "uniform"  # blocks of equal work: the same number of layers per stage
 
     @staticmethod
     def matches(base_model) -> bool:

@@ -178,6 +178,9 @@ class _Head(nn.Module):
 
 class UNetAdapter:
     name = "unet"
+    # A UNet's blocks differ widely in size and work, and many hold no attention (no LoRA with the
+    # attention targets): equal layer counts can leave a stage without LoRA weights. Cut by parameters.
+    partition = "parameters"
 
     @staticmethod
     def matches(base_model) -> bool:

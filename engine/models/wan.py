@@ -103,6 +103,7 @@ class _Head(nn.Module):
 
 class WanAdapter:
     name = "wan"
+    partition = "uniform"  # blocks of equal work: the same number of layers per stage
 
     @staticmethod
     def matches(base_model) -> bool:
