@@ -144,3 +144,25 @@ def stage_layers_forward(model, prepared):
     for layer in adapter.layers(model):
         acts = layer(acts)
     return acts
+
+
+def trainable_lora(model, seed: int = 5) -> dict:
+    """The LoRA parameters by name, with lora_B drawn at random (it starts at zero, which would
+    leave every lora_A gradient zero)."""
+    lora = {n: p for n, p in model.diffusion_model.named_parameters() if p.requires_grad}
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for n, p in lora.items():
+            if "lora_B" in n:
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.1)
+    return lora
+
+
+def loss_and_lora_grads(model, prepared, lora: dict, run) -> tuple:
+    """(native loss of run()'s prediction, {name: gradient or None}) after one backward."""
+    from PipeTrain.engine.objective import native_loss
+
+    model.zero_grad(set_to_none=True)
+    loss = native_loss(run(), prepared.x0, prepared.scale)
+    loss.backward()
+    return loss.detach(), {n: None if p.grad is None else p.grad.clone() for n, p in lora.items()}

@@ -12,6 +12,7 @@ from __future__ import annotations
 import family_configs as fc
 import pytest
 import torch
+from engine_runs import loss_and_lora_grads, trainable_lora
 from PipeTrain.engine.config import ConfigError, LoraSpec
 
 _CHROMA = next(f for f in fc.FAMILIES if f.name == "chroma")
@@ -102,24 +103,16 @@ def test_modulation_rows_carry_guidance(comfy):
 def test_stage_layers_give_comfyui_lora_gradients(comfy):
     """With a LoRA on every block linear, backward through the layers gives apply_model's gradients."""
     from PipeTrain.engine.lora import inject_lora
-    from PipeTrain.engine.objective import native_loss, transformer_options
+    from PipeTrain.engine.objective import transformer_options
 
     model = _model()
     targets = inject_lora(model.diffusion_model, LoraSpec(rank=4, targets="all_linear"))
     assert any(t.startswith("double_blocks.") for t in targets) and any(t.startswith("single_blocks.") for t in targets)
-    lora = {n: p for n, p in model.diffusion_model.named_parameters() if p.requires_grad}
-    gen = torch.Generator().manual_seed(5)
-    with torch.no_grad():  # lora_B starts at zero, which would leave every lora_A gradient zero
-        for n, p in lora.items():
-            if "lora_B" in n:
-                p.copy_(torch.randn(p.shape, generator=gen) * 0.1)
+    lora = trainable_lora(model)
     prepared = _prepare(model, guidance=2.0)
 
     def grads(run):
-        model.zero_grad(set_to_none=True)
-        loss = native_loss(run(), prepared.x0, prepared.scale)
-        loss.backward()
-        return loss.detach(), {n: p.grad.clone() for n, p in lora.items()}
+        return loss_and_lora_grads(model, prepared, lora, run)
 
     ref_loss, ref = grads(lambda: model.apply_model(prepared.xt, prepared.sigma,
                                                     transformer_options=transformer_options(prepared.sigma),

@@ -10,6 +10,7 @@ from __future__ import annotations
 import family_configs as fc
 import pytest
 import torch
+from engine_runs import loss_and_lora_grads, trainable_lora
 from PipeTrain.engine.config import ConfigError, LoraSpec
 
 _QWEN = next(f for f in fc.FAMILIES if f.name == "qwen_image")
@@ -110,23 +111,14 @@ def test_stage_layers_give_comfyui_lora_gradients(comfy, edit):
     """With a LoRA on every block linear, backward through the layers gives apply_model's gradients,
     including which ones get none (the last block's text stream, whose output ComfyUI drops)."""
     from PipeTrain.engine.lora import inject_lora
-    from PipeTrain.engine.objective import native_loss
 
     model = _model()
     inject_lora(model.diffusion_model, LoraSpec(rank=4, targets="all_linear"))
-    lora = {n: p for n, p in model.diffusion_model.named_parameters() if p.requires_grad}
-    gen = torch.Generator().manual_seed(5)
-    with torch.no_grad():  # lora_B starts at zero, which would leave every lora_A gradient zero
-        for n, p in lora.items():
-            if "lora_B" in n:
-                p.copy_(torch.randn(p.shape, generator=gen) * 0.1)
+    lora = trainable_lora(model)
     prepared = _prepare(model, refs=((4, 6), (7, 5)) if edit else ())
 
     def grads(run):
-        model.zero_grad(set_to_none=True)
-        loss = native_loss(run(), prepared.x0, prepared.scale)
-        loss.backward()
-        return loss.detach(), {n: None if p.grad is None else p.grad.clone() for n, p in lora.items()}
+        return loss_and_lora_grads(model, prepared, lora, run)
 
     ref_loss, ref = grads(lambda: _apply_model(model, prepared))
     loss, got = grads(lambda: _run_layers(model, prepared))

@@ -14,7 +14,7 @@ from pathlib import Path
 import family_configs as fc
 import pytest
 import torch
-from engine_runs import assert_same_lora, run_to_end, stage_layers_forward
+from engine_runs import assert_same_lora, loss_and_lora_grads, run_to_end, stage_layers_forward, trainable_lora
 from PipeTrain.engine.config import (
     ConfigError,
     LaunchSpec,
@@ -112,25 +112,17 @@ def test_skips_travel_only_until_the_output_block_that_pops_them(comfy):
 def test_stage_layers_give_comfyui_lora_gradients(comfy):
     """With a LoRA on every block linear, backward through the layers gives apply_model's gradients."""
     from PipeTrain.engine.lora import inject_lora
-    from PipeTrain.engine.objective import native_loss, transformer_options
+    from PipeTrain.engine.objective import transformer_options
 
     model = _model(SDXL)
     targets = inject_lora(model.diffusion_model, LoraSpec(rank=4, targets="all_linear"))
     for root in ("input_blocks.", "middle_block.", "output_blocks."):
         assert any(t.startswith(root) for t in targets), root
-    lora = {n: p for n, p in model.diffusion_model.named_parameters() if p.requires_grad}
-    gen = torch.Generator().manual_seed(5)
-    with torch.no_grad():  # lora_B starts at zero, which would leave every lora_A gradient zero
-        for n, p in lora.items():
-            if "lora_B" in n:
-                p.copy_(torch.randn(p.shape, generator=gen) * 0.1)
+    lora = trainable_lora(model)
     prepared = _prepared(model, SDXL)
 
     def grads(run):
-        model.zero_grad(set_to_none=True)
-        loss = native_loss(run(), prepared.x0, prepared.scale)
-        loss.backward()
-        return loss.detach(), {n: p.grad.clone() for n, p in lora.items()}
+        return loss_and_lora_grads(model, prepared, lora, run)
 
     ref_loss, ref = grads(lambda: model.apply_model(prepared.xt, prepared.sigma,
                                                     transformer_options=transformer_options(prepared.sigma),
