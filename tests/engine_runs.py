@@ -166,3 +166,14 @@ def loss_and_lora_grads(model, prepared, lora: dict, run) -> tuple:
     loss = native_loss(run(), prepared.x0, prepared.scale)
     loss.backward()
     return loss.detach(), {n: None if p.grad is None else p.grad.clone() for n, p in lora.items()}
+
+
+def pipeline_config(run_dir: Path, comfy_root: str, files, processes: int, stages: int, grad_accum: int) -> RunConfig:
+    """Two steps of an adapter's 2-rank test: files = (model file, cache dir); batch 1, seed 1."""
+    cfg = RunConfig(run_name=run_dir.name, run_dir=str(run_dir), comfyui_root=comfy_root, model_path=files[0],
+                    cache_dir=files[1], lora=LoraSpec(rank=4, targets="attention_mlp"),
+                    memory=MemorySpec(pipeline_stages=stages),
+                    train=TrainSpec(steps=2, learning_rate=1e-3, batch_size=1, grad_accum=grad_accum, seed=1),
+                    launch=LaunchSpec(num_gpus=processes))
+    cfg.validate()
+    return cfg

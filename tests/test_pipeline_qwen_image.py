@@ -157,17 +157,6 @@ def edit_files(comfy, tmp_path_factory):
     return str(model), cache
 
 
-def _config(run_dir, comfy_root: str, files, processes: int, stages: int, grad_accum: int):
-    from PipeTrain.engine.config import LaunchSpec, MemorySpec, RunConfig, TrainSpec
-
-    cfg = RunConfig(run_name=run_dir.name, run_dir=str(run_dir), comfyui_root=comfy_root, model_path=files[0],
-                    cache_dir=files[1], lora=LoraSpec(rank=4, targets="attention_mlp"),
-                    memory=MemorySpec(pipeline_stages=stages),
-                    train=TrainSpec(steps=2, learning_rate=1e-3, batch_size=1, grad_accum=grad_accum, seed=1),
-                    launch=LaunchSpec(num_gpus=processes))
-    cfg.validate()
-    return cfg
-
 
 @pytest.mark.slow
 @pytest.mark.parametrize("grad_accum", [1, 4])
@@ -175,11 +164,11 @@ def test_edit_two_stage_pipeline_trains_like_one_process(tmp_path, comfy_root, e
     """2 DeepSpeed gloo ranks, one stage each, with reference latents: same losses and saved LoRA as
     one plain process (tests/tiny_detected.py: ComfyUI loads the tiny file into its own classes)."""
     import tiny_detected
-    from engine_runs import assert_same_lora, run_to_end
+    from engine_runs import assert_same_lora, pipeline_config, run_to_end
 
     tiny_detected.use_tiny_detection(monkeypatch)
-    plain = run_to_end(_config(tmp_path / "plain", comfy_root, edit_files, 1, 1, grad_accum))
-    piped = run_to_end(_config(tmp_path / "piped", comfy_root, edit_files, 2, 2, grad_accum))
+    plain = run_to_end(pipeline_config(tmp_path / "plain", comfy_root, edit_files, 1, 1, grad_accum))
+    piped = run_to_end(pipeline_config(tmp_path / "piped", comfy_root, edit_files, 2, 2, grad_accum))
     assert "pipeline stage 2/2" in piped.log()
     assert plain.losses() == pytest.approx(piped.losses(), rel=1e-5, abs=1e-7)
     # atol 1e-5: Adam turns summation-order noise in a near-zero gradient into up to ~2e-6 on a few of

@@ -9,20 +9,18 @@ engine runs use the smallest file it loads as model_base.SDXL: KOALA-700M's tran
 """
 from __future__ import annotations
 
-from pathlib import Path
-
 import family_configs as fc
 import pytest
 import torch
-from engine_runs import assert_same_lora, loss_and_lora_grads, run_to_end, stage_layers_forward, trainable_lora
-from PipeTrain.engine.config import (
-    ConfigError,
-    LaunchSpec,
-    LoraSpec,
-    MemorySpec,
-    RunConfig,
-    TrainSpec,
+from engine_runs import (
+    assert_same_lora,
+    loss_and_lora_grads,
+    pipeline_config,
+    run_to_end,
+    stage_layers_forward,
+    trainable_lora,
 )
+from PipeTrain.engine.config import ConfigError, LoraSpec
 
 SDXL = next(f for f in fc.FAMILIES if f.name == "sdxl")
 
@@ -181,15 +179,6 @@ def sdxl_files(comfy, tmp_path_factory):
     return str(path), str(cache)
 
 
-def _config(run_dir: Path, comfy_root: str, files, processes: int, stages: int, grad_accum: int) -> RunConfig:
-    cfg = RunConfig(run_name=run_dir.name, run_dir=str(run_dir), comfyui_root=comfy_root, model_path=files[0],
-                    cache_dir=files[1], lora=LoraSpec(rank=4, targets="attention_mlp"),
-                    memory=MemorySpec(pipeline_stages=stages),
-                    train=TrainSpec(steps=2, learning_rate=1e-3, batch_size=1, grad_accum=grad_accum, seed=1),
-                    launch=LaunchSpec(num_gpus=processes))
-    cfg.validate()
-    return cfg
-
 
 @pytest.mark.slow
 @pytest.mark.parametrize("grad_accum", [1, 4])
@@ -197,8 +186,8 @@ def test_sdxl_two_stage_pipeline_trains_like_one_process(tmp_path, comfy_root, s
     # One thread per rank in both runs: the single process would otherwise take 2, which on a busy
     # 2-core machine made its steps 15x slower than the pipelined ranks'.
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    plain = run_to_end(_config(tmp_path / "plain", comfy_root, sdxl_files, 1, 1, grad_accum))
-    piped = run_to_end(_config(tmp_path / "piped", comfy_root, sdxl_files, 2, 2, grad_accum))
+    plain = run_to_end(pipeline_config(tmp_path / "plain", comfy_root, sdxl_files, 1, 1, grad_accum))
+    piped = run_to_end(pipeline_config(tmp_path / "piped", comfy_root, sdxl_files, 2, 2, grad_accum))
     assert plain.losses() == pytest.approx(piped.losses(), rel=1e-5, abs=1e-7)
     # A missing stage shows up as missing keys, a wrong stage gradient as differences of about the
     # learning rate (1e-3). AdamW divides each gradient by its own size, so an element whose gradient
