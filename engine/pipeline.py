@@ -106,11 +106,13 @@ def _split_pipeline_module():
 
 
 class _BoundarySafe(torch.nn.Module):
-    """A stage layer whose float outputs all take part in autograd.
+    """A stage layer whose outputs can cross a stage boundary: contiguous, floats in autograd.
 
     DeepSpeed backpropagates through every float tensor a stage sends and expects a gradient for
     every float tensor a stage receives; tensors computed without grad (rope frequencies, time
     embeddings of a frozen model) would break both. Making them leaves that require grad is free.
+    It sends tensors as they are, and the process group refuses a strided view (a patch embedding's
+    transpose, say: "input tensor has to be contiguous"); .contiguous() copies only such views.
     """
 
     def __init__(self, layer: torch.nn.Module):
@@ -120,7 +122,8 @@ class _BoundarySafe(torch.nn.Module):
     def forward(self, inputs):
         out = self.layer(inputs)
         if torch.is_tensor(out):
-            return out
+            return out.contiguous()
+        out = tuple(t.contiguous() for t in out)
         return tuple(t.requires_grad_() if t.is_floating_point() and not t.requires_grad else t for t in out)
 
 

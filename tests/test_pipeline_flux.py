@@ -120,7 +120,7 @@ def test_unsupported_flux_variants_are_refused(comfy):
         adapter_for(fill).layers(fill)
 
 
-def test_flux2_has_no_adapter(comfy):  # Chroma, also on the Flux blocks, has its own: test_pipeline_chroma.py
+def test_flux2_is_not_taken_by_the_flux_adapter(comfy):  # it has its own: tests/test_pipeline_flux2.py
     import comfy.supported_models as sm
     from PipeTrain.engine.models import adapter_for
 
@@ -129,8 +129,7 @@ def test_flux2_has_no_adapter(comfy):  # Chroma, also on the Flux blocks, has it
                           qkv_bias=False, ops_bias=False, default_ref_method="index", ref_index_scale=10.0,
                           in_channels=128, hidden_size=64, context_in_dim=96, patch_size=1, depth=1,
                           depth_single_blocks=2, guidance_embed=True)).get_model({})
-    with pytest.raises(ConfigError, match="pipeline_stages > 1 is not available"):
-        adapter_for(model)
+    assert adapter_for(model).name == "flux2"
 
 
 def test_attention_preset_includes_fused_single_block_linears(comfy_root):

@@ -21,6 +21,17 @@ import torch
 PINNED = {
     "qwen_image": dict(attention_head_dim=32, num_attention_heads=2, joint_attention_dim=48, axes_dims_rope=(8, 12, 12)),
     "chroma": dict(num_heads=2, axes_dim=[8, 12, 12], out_dim=64, hidden_dim=32, n_layers=2),
+    # LTX-Video: detection assumes 32 heads and a 4096-wide T5 input unless the file's metadata says otherwise.
+    "ltxv": dict(num_attention_heads=2, attention_head_dim=32, caption_channels=48),
+    "flux2": dict(num_heads=2, axes_dim=[8, 8, 8, 8]),
+    # Z-Image's tiny config (detection pins these only at dim 3840; the file's cap_pad_token still
+    # turns on the token padding). Loaded as the Lumina2 class: the same NextDiT, shift 6 not 3.
+    "lumina2": dict(n_heads=8, n_kv_heads=8, n_refiner_layers=1, axes_dims=[8, 12, 12], axes_lens=[1536, 512, 512],
+                    rope_theta=256.0, ffn_dim_multiplier=8 / 3, multiple_of=16, z_image_modulation=True,
+                    time_scale=1000.0),
+    # OmniGen2: detection pins every width and count; these are its tiny config with 2 layers.
+    "omnigen2": dict(axes_dim_rope=[8, 12, 12], hidden_size=64, multiple_of=16, num_attention_heads=2, num_kv_heads=1,
+                     num_layers=2, num_refiner_layers=1, text_feat_dim=48),
 }
 TEXT_TOKENS = 6
 

@@ -10,18 +10,38 @@ Models without an adapter still train through the generic path with pipeline_sta
 from __future__ import annotations
 
 from ..config import ConfigError
+from .auraflow import AuraFlowAdapter
 from .chroma import ChromaAdapter
+from .cosmos import CosmosAdapter
+from .cosmos_predict2 import CosmosPredict2Adapter
 from .flux import FluxAdapter
+from .flux2 import Flux2Adapter
+from .hidream import HiDreamAdapter
+from .hunyuan_video import HunyuanVideoAdapter
+from .ltxv import LTXVAdapter
+from .lumina import LuminaAdapter
+from .omnigen2 import OmniGen2Adapter
 from .qwen_image import QwenImageAdapter
+from .sd3 import SD3Adapter
 from .unet import UNetAdapter
 from .wan import WanAdapter
 
 ADAPTERS = {
     WanAdapter.name: WanAdapter,
     FluxAdapter.name: FluxAdapter,
+    Flux2Adapter.name: Flux2Adapter,
+    HunyuanVideoAdapter.name: HunyuanVideoAdapter,
     UNetAdapter.name: UNetAdapter,
     ChromaAdapter.name: ChromaAdapter,
     QwenImageAdapter.name: QwenImageAdapter,
+    LuminaAdapter.name: LuminaAdapter,
+    OmniGen2Adapter.name: OmniGen2Adapter,
+    SD3Adapter.name: SD3Adapter,
+    AuraFlowAdapter.name: AuraFlowAdapter,
+    HiDreamAdapter.name: HiDreamAdapter,
+    LTXVAdapter.name: LTXVAdapter,
+    CosmosPredict2Adapter.name: CosmosPredict2Adapter,
+    CosmosAdapter.name: CosmosAdapter,
 }
 
 

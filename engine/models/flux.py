@@ -186,6 +186,30 @@ class _Head(nn.Module):
         return denoised + 0.0 * (pe.sum().float() + refs.sum())
 
 
+def stage_inputs(prepared, family: str) -> tuple[torch.Tensor, ...]:
+    """The first stage's inputs of a Flux-code model (Flux.1 and Flux.2 take the same conditioning):
+    xt, sigma, context, y, guidance, reference method code, reference latents."""
+    kw = prepared.kwargs
+    extra = sorted(set(kw) - _HANDLED)
+    if extra:
+        what = {"c_concat": "concat channels (Flux Fill / inpaint)",
+                "attention_mask": "an attention mask"}
+        named = sorted({what.get(k, k) for k in extra})
+        raise ConfigError(f"pipeline_stages > 1 for {family} supports text-to-image and reference latents only; this "
+                          f"run also needs {', '.join(named)}. Set pipeline_stages to 1 for this model.")
+    xt = prepared.xt
+    # A stage's inputs are a fixed tuple of tensors (no None): an empty tensor stands for an
+    # absent pooled vector or guidance (FluxDisableGuidance), which the model then treats as None.
+    empty = xt.new_zeros((xt.shape[0], 0))
+    y = kw.get("y")
+    guidance = kw.get("guidance")
+    method = kw.get("ref_latents_method")  # absent: the model's default; unknown names act as offset
+    code = torch.tensor([-1 if method is None else _REF_METHODS.index(method) if method in _REF_METHODS else 0],
+                        device=xt.device)
+    return (xt, prepared.sigma, kw["c_crossattn"], empty if y is None else y,
+            empty if guidance is None else guidance, code, *(kw.get("ref_latents") or ()))
+
+
 class FluxAdapter:
     name = "flux"
     partition = "uniform"  # blocks of equal work: the same number of layers per stage
@@ -203,25 +227,7 @@ class FluxAdapter:
 
     @staticmethod
     def first_stage_inputs(prepared) -> tuple[torch.Tensor, ...]:
-        kw = prepared.kwargs
-        extra = sorted(set(kw) - _HANDLED)
-        if extra:
-            what = {"c_concat": "concat channels (Flux Fill / inpaint)",
-                    "attention_mask": "an attention mask"}
-            named = sorted({what.get(k, k) for k in extra})
-            raise ConfigError(f"pipeline_stages > 1 for Flux supports text-to-image and Kontext only; this run also "
-                              f"needs {', '.join(named)}. Set pipeline_stages to 1 for this model.")
-        xt = prepared.xt
-        # A stage's inputs are a fixed tuple of tensors (no None): an empty tensor stands for an
-        # absent pooled vector or guidance (FluxDisableGuidance), which the model then treats as None.
-        empty = xt.new_zeros((xt.shape[0], 0))
-        y = kw.get("y")
-        guidance = kw.get("guidance")
-        method = kw.get("ref_latents_method")  # absent: the model's default; unknown names act as offset
-        code = torch.tensor([-1 if method is None else _REF_METHODS.index(method) if method in _REF_METHODS else 0],
-                            device=xt.device)
-        return (xt, prepared.sigma, kw["c_crossattn"], empty if y is None else y,
-                empty if guidance is None else guidance, code, *(kw.get("ref_latents") or ()))
+        return stage_inputs(prepared, "Flux")
 
     @staticmethod
     def layers(base_model) -> list[nn.Module]:

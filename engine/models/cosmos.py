@@ -1,0 +1,142 @@
+"""Cosmos 1.0 diffusion text/image-to-video (comfy.ldm.cosmos.model.GeneralDIT, 7B and 14B) as pipeline
+stage layers.
+
+Mirrors BaseModel._apply_model + GeneralDIT._forward / forward_before_blocks / decoder_head of ComfyUI
+0.3.75: T5 context, the frame rate (fps, which scales the temporal rope) and the image-to-video
+model's concat channel (c_concat: the inverted noise mask). The text attention mask is accepted and
+unused, as GeneralDIT ignores it unless use_cross_attn_mask. Refused: other conditioning, and models
+ComfyUI's released configs do not have (cross-attention masks, no per-block position embedding,
+a block layout other than THWBD).
+
+The blocks are a ModuleDict ("block0", ...). _forward adds the per-block absolute position embedding
+to x before every block (`x += extra_pos`, outside the block); each block layer does the same, out of
+place, so a stage never writes into the tensor it received.
+
+Tensors passed between stages (time-major THWBD layout, made contiguous for DeepSpeed's send):
+x [T, H, W, B, D], emb, context [M, B, D], rope, adaln_lora (empty without adaLN-LoRA), extra_pos
+[T, H, W, B, D], xt, sigma; xt and sigma are for ComfyUI's calculate_denoised (xt also gives the
+output shape).
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..config import ConfigError
+from ..objective import transformer_options
+from .cosmos_predict2 import number, number_tensor
+
+_HANDLED = {"c_crossattn", "c_concat", "fps"}
+_IGNORED = {"attention_mask"}
+
+
+def _or_none(t):
+    return None if t.numel() == 0 else t
+
+
+class _Embed(nn.Module):
+    def __init__(self, base):
+        super().__init__()
+        dm = base.diffusion_model
+        # Own only the embedders (so DeepSpeed places and counts just them on this stage); the rest
+        # of the model is reached through plain references kept out of the module tree.
+        self.embedders = nn.ModuleList([dm.x_embedder, dm.pos_embedder, dm.extra_pos_embedder, dm.t_embedder,
+                                        dm.affline_norm])
+        self.model_sampling = base.model_sampling
+        self._refs = (base, dm)
+
+    def forward(self, inputs):
+        import comfy.model_management
+        from einops import rearrange
+
+        xt, sigma, context, concat, fps = inputs
+        (base, dm), ms = self._refs, self.model_sampling
+
+        # BaseModel._apply_model
+        xc = ms.calculate_input(sigma, xt)
+        if concat.numel():  # an empty tensor stands for "no c_concat"
+            xc = torch.cat([xc, comfy.model_management.cast_to_device(concat, xc.device, xc.dtype)], dim=1)
+        dtype = base.manual_cast_dtype or base.get_dtype()
+        xc = xc.to(dtype)
+        device = xc.device
+        t = base.process_timestep(ms.timestep(sigma).float(), x=xt)
+        context = comfy.model_management.cast_to_device(context, device, dtype)
+
+        # GeneralDIT.forward_before_blocks and _forward, up to the blocks
+        x, rope, extra_pos = dm.prepare_embedded_sequence(xc, fps=number(fps), padding_mask=None)
+        emb, adaln_lora = dm.t_embedder[1](dm.t_embedder[0](t.flatten()).to(x.dtype))
+        emb = dm.affline_norm(emb)
+        x = rearrange(x, "B T H W D -> T H W B D")
+        extra_pos = rearrange(extra_pos, "B T H W D -> T H W B D").to(x.dtype)
+        context = rearrange(context, "B M D -> M B D")
+        return (x.contiguous(), emb, context.contiguous(), rope, x.new_zeros(0) if adaln_lora is None else adaln_lora,
+                extra_pos.contiguous(), xt, sigma)
+
+
+class _Block(nn.Module):
+    def __init__(self, block):
+        super().__init__()
+        self.block = block
+
+    def forward(self, inputs):
+        x, emb, context, rope, adaln_lora, extra_pos, xt, sigma = inputs
+        x = self.block(x + extra_pos, emb, context, None, rope_emb_L_1_1_D=rope,
+                       adaln_lora_B_3D=_or_none(adaln_lora), transformer_options=transformer_options(sigma))
+        return x.contiguous(), emb, context, rope, adaln_lora, extra_pos, xt, sigma
+
+
+class _Head(nn.Module):
+    def __init__(self, base):
+        super().__init__()
+        self.final_layer = base.diffusion_model.final_layer
+        self.model_sampling = base.model_sampling
+        self._dm = (base.diffusion_model,)  # for decoder_head; not a submodule
+
+    def forward(self, inputs):
+        from einops import rearrange
+
+        x, emb, context, rope, adaln_lora, extra_pos, xt, sigma = inputs
+        out = self._dm[0].decoder_head(x_B_T_H_W_D=rearrange(x, "T H W B D -> B T H W D"), emb_B_D=emb,
+                                       crossattn_emb=None, origin_shape=xt.shape,  # only B, T, H, W are read
+                                       crossattn_mask=None, adaln_lora_B_3D=_or_none(adaln_lora))
+        denoised = self.model_sampling.calculate_denoised(sigma, out.float(), xt)
+        # DeepSpeed sends a gradient back for every float tensor a stage receives; keep the ones the
+        # head does not use in the graph (exactly zero contribution) so a head-only stage works.
+        unused = context.sum().float() + rope.sum().float() + extra_pos.sum().float()
+        return denoised + 0.0 * unused
+
+
+class CosmosAdapter:
+    name = "cosmos"
+    partition = "uniform"  # blocks of equal work: the same number of layers per stage
+
+    @staticmethod
+    def matches(base_model) -> bool:
+        import comfy.ldm.cosmos.model
+        import comfy.model_base
+
+        return (type(base_model) is comfy.model_base.CosmosVideo
+                and type(base_model.diffusion_model) is comfy.ldm.cosmos.model.GeneralDIT)
+
+    @staticmethod
+    def first_stage_inputs(prepared) -> tuple[torch.Tensor, ...]:
+        kw = prepared.kwargs
+        extra = sorted(set(kw) - _HANDLED - _IGNORED)
+        if extra:
+            raise ConfigError(f"pipeline_stages > 1 for Cosmos 1.0 supports text-to-video and image-to-video; this "
+                              f"run also needs {', '.join(extra)}. Set pipeline_stages to 1 for this model.")
+        xt = prepared.xt
+        concat = kw.get("c_concat")
+        return (xt, prepared.sigma, kw["c_crossattn"], xt.new_zeros((xt.shape[0], 0)) if concat is None else concat,
+                number_tensor(kw.get("fps"), "fps (frame_rate)", xt.device))
+
+    @staticmethod
+    def layers(base_model) -> list[nn.Module]:
+        dm = base_model.diffusion_model
+        blocks = list(dm.blocks.values())
+        if dm.use_cross_attn_mask or not dm.extra_per_block_abs_pos_emb or \
+                any(b.x_format != "THWBD" for b in blocks):
+            raise ConfigError("pipeline_stages > 1 supports the released Cosmos 1.0 configurations only (per-block "
+                              "position embedding, no cross-attention mask, THWBD blocks). Set pipeline_stages to 1 "
+                              "for this model.")
+        return [_Embed(base_model), *[_Block(b) for b in blocks], _Head(base_model)]

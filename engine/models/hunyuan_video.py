@@ -1,0 +1,248 @@
+"""HunyuanVideo 1.0, HunyuanImage 2.1 and HunyuanVideo 1.5 (all run comfy.ldm.hunyuan_video.model.
+HunyuanVideo in ComfyUI 0.3.75) as pipeline stage layers.
+
+Mirrors BaseModel._apply_model + HunyuanVideo._forward/forward_orig of ComfyUI 0.3.75 for the base
+models model_base.HunyuanVideo (+ I2V, Skyreels I2V), HunyuanImage21 (+ Refiner) and HunyuanVideo15
+(+ SR distilled). Conditioning reproduced: the text context (token refiner), pooled CLIP vector (y),
+embedded guidance, concat channels (c_concat: the I2V / 1.5 image-to-video / refiner inputs), ByT5
+glyph tokens (txt_byt5), CLIP-vision tokens (clip_fea), HunyuanVideo's guiding frame
+(guiding_frame_index: per-token-range modulation) and reference latent (ref_latent). The distilled
+"meanflow" next-step embedding (time_r_in) needs the sampler's schedule; training has none
+(engine.objective.transformer_options), so ComfyUI skips it, and so does this (disable_time_r is
+then moot). Refused: attention masks (padded text) and ControlNet.
+
+Tensors passed between stages (the image tokens come first in this model):
+  double-block stages: img (reference tokens, then target tokens), txt, vec, pe, xt, sigma, refs
+  single-block stages: x (= cat(img, txt)), vec, pe, xt, sigma, refs
+`vec` is [B, D], or [B, 2, D] with a guiding frame, whose per-token-range modulation dims each layer
+derives from xt's shape. `refs` is a [B, 1 + reference tokens] float tensor whose width tells the
+head where the target tokens start (its values are unused), so no integer crosses a stage.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..config import ConfigError
+from ..objective import transformer_options
+
+# The kwargs of model.extra_conds this adapter reproduces; anything else means a variant it does not.
+_HANDLED = {"c_crossattn", "y", "guidance", "c_concat", "txt_byt5", "clip_fea", "guiding_frame_index",
+            "ref_latent", "disable_time_r"}
+_INPUTS = ("y", "guidance", "c_concat", "txt_byt5", "clip_fea", "guiding_frame_index", "ref_latent")
+
+
+def _options(sigma, block_type: str, index: int, total: int) -> dict:
+    # The engine's transformer_options plus the keys forward_orig writes before each block; a fresh
+    # dict per call (models write into it).
+    return {**transformer_options(sigma), "block_type": block_type, "block_index": index, "total_blocks": total}
+
+
+def _modulation_dims(dm, vec, xt):
+    """forward_orig's (modulation_dims, modulation_dims_txt): set only with a guiding frame, when the
+    first frame's tokens get their own modulation row."""
+    if vec.ndim != 3:
+        return None, None
+    frame_tokens = (xt.shape[-1] // dm.patch_size[-1]) * (xt.shape[-2] // dm.patch_size[-2])
+    return [(0, frame_tokens, 0), (frame_tokens, None, 1)], [(0, None, 1)]
+
+
+class _Embed(nn.Module):
+    def __init__(self, base, join: bool):
+        super().__init__()
+        dm = base.diffusion_model
+        # Own only the embedders (so DeepSpeed places and counts just them on this stage); the rest
+        # of the model is reached through plain references kept out of the module tree.
+        names = ("img_in", "time_in", "vector_in", "guidance_in", "txt_in", "byt5_in", "time_r_in", "vision_in",
+                 "cond_type_embedding")
+        self.embedders = nn.ModuleList([getattr(dm, n) for n in names if getattr(dm, n, None) is not None])
+        self.model_sampling = base.model_sampling
+        self._refs = (base, dm)
+        self.join = join  # only when the model has no double blocks
+
+    def forward(self, inputs):
+        import comfy.model_management
+        from comfy.ldm.flux.layers import timestep_embedding
+        from comfy.model_base import convert_tensor
+
+        xt, sigma, context, *extra = inputs
+        (base, dm), ms = self._refs, self.model_sampling
+        # An empty tensor stands for "absent" (first_stage_inputs keeps the tuple fixed).
+        y, guidance, concat, byt5, clip_fea, frame_index, ref = (None if t.numel() == 0 else t for t in extra)
+
+        # BaseModel._apply_model
+        xc = ms.calculate_input(sigma, xt)
+        if concat is not None:
+            xc = torch.cat([xc, comfy.model_management.cast_to_device(concat, xc.device, xc.dtype)], dim=1)
+        dtype = base.manual_cast_dtype or base.get_dtype()
+        xc = xc.to(dtype)
+        device = xc.device
+        t = base.process_timestep(ms.timestep(sigma).float(), x=xt)
+        context = comfy.model_management.cast_to_device(context, device, dtype)
+        y, guidance, byt5, clip_fea, frame_index, ref = (None if v is None else convert_tensor(v, dtype, device)
+                                                         for v in (y, guidance, byt5, clip_fea, frame_index, ref))
+        opts = transformer_options(sigma)
+
+        # HunyuanVideo._forward
+        bs = xc.shape[0]
+        if len(dm.patch_size) == 3:
+            img_ids = dm.img_ids(xc)
+            txt_ids = torch.zeros((bs, context.shape[1], 3), device=device, dtype=xc.dtype)
+        else:
+            img_ids = dm.img_ids_2d(xc)
+            txt_ids = torch.zeros((bs, context.shape[1], 2), device=device, dtype=xc.dtype)
+
+        # HunyuanVideo.forward_orig, up to the blocks (time_r_in: see the module docstring)
+        initial_shape = list(xc.shape)
+        img = dm.img_in(xc)
+        vec = dm.time_in(timestep_embedding(t, 256, time_factor=1.0).to(img.dtype))
+        ref_tokens = 0
+        if ref is not None:
+            ref_ids = dm.img_ids(ref)
+            ref = dm.img_in(ref)
+            ref_tokens = ref.shape[1]
+            img = torch.cat([ref, img], dim=-2)
+            ref_ids[..., 0] = -1
+            ref_ids[..., 2] += (initial_shape[-1] // dm.patch_size[-1])
+            img_ids = torch.cat([ref_ids, img_ids], dim=-2)
+        if frame_index is not None:
+            token_replace_vec = dm.time_in(timestep_embedding(frame_index, 256, time_factor=1.0))
+            if dm.vector_in is not None:
+                vec_ = dm.vector_in(y[:, :dm.params.vec_in_dim])
+                vec = torch.cat([(vec_ + token_replace_vec).unsqueeze(1), (vec_ + vec).unsqueeze(1)], dim=1)
+            else:
+                vec = torch.cat([token_replace_vec.unsqueeze(1), vec.unsqueeze(1)], dim=1)
+        elif dm.vector_in is not None:
+            vec = vec + dm.vector_in(y[:, :dm.params.vec_in_dim])
+        if dm.params.guidance_embed and guidance is not None:
+            vec = vec + dm.guidance_in(timestep_embedding(guidance, 256).to(img.dtype))
+
+        txt = dm.txt_in(context, t, None, transformer_options=opts)
+        if dm.cond_type_embedding is not None:
+            cond_emb = dm.cond_type_embedding(torch.zeros_like(txt[:, :, 0], device=txt.device, dtype=torch.long))
+            txt = txt + cond_emb.to(txt.dtype)
+        if dm.byt5_in is not None and byt5 is not None:
+            byt5 = dm.byt5_in(byt5)
+            if dm.cond_type_embedding is not None:
+                cond_emb = dm.cond_type_embedding(torch.ones_like(byt5[:, :, 0], device=byt5.device, dtype=torch.long))
+                txt = torch.cat((byt5 + cond_emb.to(byt5.dtype), txt), dim=1)  # byt5 first for HunyuanVideo 1.5
+            else:
+                txt = torch.cat((txt, byt5), dim=1)
+            txt_ids = torch.cat((txt_ids, txt_ids.new_zeros((bs, byt5.shape[1], txt_ids.shape[-1]))), dim=1)
+        if clip_fea is not None:
+            vision = dm.vision_in(clip_fea)
+            if dm.cond_type_embedding is not None:
+                vision = vision + dm.cond_type_embedding(
+                    2 * torch.ones_like(vision[:, :, 0], dtype=torch.long, device=vision.device))
+            txt = torch.cat((vision.to(txt.dtype), txt), dim=1)
+            txt_ids = torch.cat((txt_ids, txt_ids.new_zeros((bs, vision.shape[1], txt_ids.shape[-1]))), dim=1)
+        pe = dm.pe_embedder(torch.cat((img_ids, txt_ids), dim=1))
+        marker = torch.zeros((xt.shape[0], 1 + ref_tokens), device=device, dtype=torch.float32)
+        if self.join:
+            return torch.cat((img, txt), 1), vec, pe, xt, sigma, marker
+        return img, txt, vec, pe, xt, sigma, marker
+
+
+class _Double(nn.Module):
+    def __init__(self, base, block, index: int, total: int, join: bool):
+        super().__init__()
+        self.block = block
+        self._dm = (base.diffusion_model,)  # for its patch size; not a submodule
+        self.index, self.total, self.join = index, total, join
+
+    def forward(self, inputs):
+        img, txt, vec, pe, xt, sigma, refs = inputs
+        dims, dims_txt = _modulation_dims(self._dm[0], vec, xt)
+        img, txt = self.block(img=img, txt=txt, vec=vec, pe=pe, attn_mask=None, modulation_dims_img=dims,
+                              modulation_dims_txt=dims_txt,
+                              transformer_options=_options(sigma, "double", self.index, self.total))
+        if self.join:  # the last double block hands the single blocks one joint sequence, image first
+            return torch.cat((img, txt), 1), vec, pe, xt, sigma, refs
+        return img, txt, vec, pe, xt, sigma, refs
+
+
+class _Single(nn.Module):
+    def __init__(self, base, block, index: int, total: int):
+        super().__init__()
+        self.block = block
+        self._dm = (base.diffusion_model,)
+        self.index, self.total = index, total
+
+    def forward(self, inputs):
+        x, vec, pe, xt, sigma, refs = inputs
+        dims, _ = _modulation_dims(self._dm[0], vec, xt)
+        x = self.block(x, vec=vec, pe=pe, attn_mask=None, modulation_dims=dims,
+                       transformer_options=_options(sigma, "single", self.index, self.total))
+        return x, vec, pe, xt, sigma, refs
+
+
+class _Head(nn.Module):
+    def __init__(self, base):
+        super().__init__()
+        self.final_layer = base.diffusion_model.final_layer
+        self.model_sampling = base.model_sampling
+        self._dm = (base.diffusion_model,)
+
+    def forward(self, inputs):
+        x, vec, pe, xt, sigma, refs = inputs
+        dm = self._dm[0]
+        p = dm.patch_size
+        shape = [s // q for s, q in zip(xt.shape[-len(p):], p)]
+        start = refs.shape[1] - 1  # forward_orig keeps the image tokens and drops the reference's
+        img = x[:, start:start + shape[0] * shape[1] * (shape[2] if len(shape) == 3 else 1)]
+        dims, _ = _modulation_dims(dm, vec, xt)
+        out = self.final_layer(img, vec, modulation_dims=dims)
+        out = out.reshape([out.shape[0]] + shape + [dm.out_channels] + p)
+        if out.ndim == 8:
+            out = out.permute(0, 4, 1, 5, 2, 6, 3, 7).reshape(xt.shape[0], dm.out_channels, *xt.shape[2:5])
+        else:
+            out = out.permute(0, 3, 1, 4, 2, 5).reshape(xt.shape[0], dm.out_channels, *xt.shape[2:4])
+        denoised = self.model_sampling.calculate_denoised(sigma, out.float(), xt)
+        # DeepSpeed sends a gradient back for every float tensor a stage receives; keep pe and refs,
+        # which the head does not use, in the graph (exactly zero contribution) so a head-only stage works.
+        return denoised + 0.0 * (pe.sum().float() + refs.sum())
+
+
+def _base_classes():
+    import comfy.model_base as mb
+
+    return (mb.HunyuanVideo, mb.HunyuanVideoI2V, mb.HunyuanVideoSkyreelsI2V, mb.HunyuanImage21,
+            mb.HunyuanImage21Refiner, mb.HunyuanVideo15, mb.HunyuanVideo15_SR_Distilled)
+
+
+class HunyuanVideoAdapter:
+    name = "hunyuan_video"
+    partition = "uniform"  # blocks of equal work: the same number of layers per stage
+
+    @staticmethod
+    def matches(base_model) -> bool:
+        import comfy.ldm.hunyuan_video.model
+
+        return (type(base_model) in _base_classes()
+                and type(base_model.diffusion_model) is comfy.ldm.hunyuan_video.model.HunyuanVideo)
+
+    @staticmethod
+    def first_stage_inputs(prepared) -> tuple[torch.Tensor, ...]:
+        kw = prepared.kwargs
+        extra = sorted(set(kw) - _HANDLED)
+        if extra:
+            what = {"attention_mask": "an attention mask (padded text: cache captions unpadded)",
+                    "control": "a ControlNet"}
+            named = sorted({what.get(k, k) for k in extra})
+            raise ConfigError(f"pipeline_stages > 1 for HunyuanVideo / HunyuanImage 2.1 / HunyuanVideo 1.5 does not "
+                              f"reproduce {', '.join(named)}. Set pipeline_stages to 1 for this model.")
+        xt = prepared.xt
+        # A stage's inputs are a fixed tuple of tensors (no None): an empty tensor stands for an absent one.
+        empty = xt.new_zeros((xt.shape[0], 0))
+        return (xt, prepared.sigma, kw["c_crossattn"], *(empty if kw.get(k) is None else kw[k] for k in _INPUTS))
+
+    @staticmethod
+    def layers(base_model) -> list[nn.Module]:
+        dm = base_model.diffusion_model
+        if not hasattr(dm, "final_layer"):
+            raise ConfigError("this HunyuanVideo model has no final layer: pipeline_stages > 1 needs the full model.")
+        doubles, singles = len(dm.double_blocks), len(dm.single_blocks)
+        return [_Embed(base_model, join=doubles == 0),
+                *[_Double(base_model, b, i, doubles, join=i == doubles - 1) for i, b in enumerate(dm.double_blocks)],
+                *[_Single(base_model, b, i, singles) for i, b in enumerate(dm.single_blocks)],
+                _Head(base_model)]

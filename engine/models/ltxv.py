@@ -1,0 +1,175 @@
+"""LTX-Video (comfy.ldm.lightricks.model.LTXVModel) as pipeline stage layers.
+
+Mirrors BaseModel._apply_model + LTXV.process_timestep + LTXVModel._forward of ComfyUI 0.3.75:
+T5 context with its attention mask (LTXV's forward requires one), the frame rate (LTXVConditioning),
+the latent noise mask of image-to-video (denoise_mask: per-token timesteps) and LTXVAddGuide's
+keyframe_idxs (pixel positions of the guide tokens). Refused: any other conditioning, and
+`patches_replace` block replacements (the engine sets none).
+
+The blocks run engine/patches_ltxv.py's out-of-place forward (engine/patches.py: ensure_patched);
+`layers` refuses a model whose blocks would still run ComfyUI's in-place one, which under activation
+checkpointing gives silently wrong gradients (MODEL-NOTES.md, LTXV).
+
+Tensors passed between stages: x, context, mask, timestep, embedded, pe, xt, sigma.
+`mask` is the text attention mask as the cache holds it (integers, so DeepSpeed sends no gradient
+for it); each block turns it into the additive mask exactly as _forward does once. `embedded` is
+adaln_single's embedded timestep, which the head's modulation needs; xt and sigma are for ComfyUI's
+calculate_denoised (xt also gives the output shape).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from ..config import ConfigError
+from ..objective import transformer_options
+
+_HANDLED = {"c_crossattn", "attention_mask", "frame_rate", "denoise_mask", "keyframe_idxs"}
+
+
+def _additive(mask, dtype):
+    """_forward's conversion of the integer text mask to the additive one attention takes."""
+    return (mask - 1).to(dtype).reshape((mask.shape[0], 1, -1, mask.shape[-1])) * torch.finfo(dtype).max
+
+
+class _Embed(nn.Module):
+    def __init__(self, base):
+        super().__init__()
+        dm = base.diffusion_model
+        # Own only the embedders (so DeepSpeed places and counts just them on this stage); the rest
+        # of the model is reached through plain references kept out of the module tree.
+        self.embedders = nn.ModuleList([dm.patchify_proj, dm.adaln_single, dm.caption_projection])
+        self.model_sampling = base.model_sampling
+        self._refs = (base, dm)
+
+    def forward(self, inputs):
+        import comfy.model_management
+        from comfy.ldm.lightricks.model import latent_to_pixel_coords, precompute_freqs_cis
+        from comfy.model_base import convert_tensor
+
+        xt, sigma, context, mask, frame_rate, denoise_mask, keyframe_idxs = inputs
+        (base, dm), ms = self._refs, self.model_sampling
+
+        # BaseModel._apply_model (+ LTXV.process_timestep)
+        dtype = base.manual_cast_dtype or base.get_dtype()
+        xc = ms.calculate_input(sigma, xt).to(dtype)
+        device = xc.device
+        t = ms.timestep(sigma).float()
+        context = comfy.model_management.cast_to_device(context, device, dtype)
+        mask = convert_tensor(mask, dtype, device)
+        denoise_mask = None if denoise_mask.numel() == 0 else convert_tensor(denoise_mask, dtype, device)
+        keyframe_idxs = None if keyframe_idxs.numel() == 0 else convert_tensor(keyframe_idxs, dtype, device)
+        t = base.process_timestep(t, x=xt, denoise_mask=denoise_mask)
+        frame_rate = frame_rate.reshape(-1)[0].item()  # a Python number in ComfyUI (CONDConstant)
+
+        # LTXVModel._forward, up to the blocks
+        x, latent_coords = dm.patchifier.patchify(xc)
+        pixel_coords = latent_to_pixel_coords(latent_coords=latent_coords, scale_factors=dm.vae_scale_factors,
+                                              causal_fix=dm.causal_temporal_positioning)
+        if keyframe_idxs is not None:
+            pixel_coords[:, :, -keyframe_idxs.shape[2]:] = keyframe_idxs
+        fractional_coords = pixel_coords.to(torch.float32)
+        fractional_coords[:, 0] = fractional_coords[:, 0] * (1.0 / frame_rate)
+        x = dm.patchify_proj(x)
+        t = t * 1000.0
+        pe = precompute_freqs_cis(fractional_coords, dim=dm.inner_dim, out_dtype=x.dtype)
+        batch = x.shape[0]
+        timestep, embedded = dm.adaln_single(t.flatten(), {"resolution": None, "aspect_ratio": None},
+                                             batch_size=batch, hidden_dtype=x.dtype)
+        timestep = timestep.view(batch, -1, timestep.shape[-1])
+        embedded = embedded.view(batch, -1, embedded.shape[-1])
+        context = dm.caption_projection(context).view(batch, -1, x.shape[-1])
+        return x, context, mask, timestep, embedded, pe, xt, sigma
+
+
+class _Block(nn.Module):
+    def __init__(self, block):
+        super().__init__()
+        self.block = block
+
+    def forward(self, inputs):
+        x, context, mask, timestep, embedded, pe, xt, sigma = inputs
+        x = self.block(x, context=context, attention_mask=_additive(mask, x.dtype), timestep=timestep, pe=pe,
+                       transformer_options=transformer_options(sigma))
+        return x, context, mask, timestep, embedded, pe, xt, sigma
+
+
+class _Head(nn.Module):
+    def __init__(self, base):
+        super().__init__()
+        dm = base.diffusion_model
+        self.norm_out, self.proj_out = dm.norm_out, dm.proj_out
+        self.scale_shift_table = dm.scale_shift_table  # the model's own parameter, placed with the head
+        self.model_sampling = base.model_sampling
+        self._dm = (dm,)  # for its patchifier; not a submodule
+
+    def forward(self, inputs):
+        x, context, _mask, timestep, embedded, pe, xt, sigma = inputs  # the mask is integer: no gradient
+        dm = self._dm[0]
+        values = self.scale_shift_table[None, None].to(device=x.device, dtype=x.dtype) + embedded[:, :, None]
+        shift, scale = values[:, :, 0], values[:, :, 1]
+        x = self.norm_out(x)
+        x = torch.addcmul(x, x, scale).add_(shift)
+        x = self.proj_out(x)
+        shape = xt.shape  # _forward's orig_shape: LTXV has no concat channels
+        out = dm.patchifier.unpatchify(latents=x, output_height=shape[3], output_width=shape[4],
+                                       output_num_frames=shape[2],
+                                       out_channels=shape[1] // math.prod(dm.patchifier.patch_size))
+        denoised = self.model_sampling.calculate_denoised(sigma, out.float(), xt)
+        # DeepSpeed sends a gradient back for every float tensor a stage receives; keep the ones the
+        # head does not use in the graph (exactly zero contribution) so a head-only stage works.
+        unused = context.sum().float() + timestep.sum().float() + pe.sum().float()
+        return denoised + 0.0 * unused
+
+
+class LTXVAdapter:
+    name = "ltxv"
+    partition = "uniform"  # blocks of equal work: the same number of layers per stage
+
+    @staticmethod
+    def matches(base_model) -> bool:
+        import comfy.ldm.lightricks.model
+        import comfy.model_base
+
+        return (type(base_model) is comfy.model_base.LTXV
+                and type(base_model.diffusion_model) is comfy.ldm.lightricks.model.LTXVModel)
+
+    @staticmethod
+    def first_stage_inputs(prepared) -> tuple[torch.Tensor, ...]:
+        kw = prepared.kwargs
+        extra = sorted(set(kw) - _HANDLED)
+        if extra:
+            raise ConfigError(f"pipeline_stages > 1 for LTX-Video supports text-to-video, image-to-video and "
+                              f"keyframe guides; this run also needs {', '.join(extra)}. Set pipeline_stages to 1 "
+                              "for this model.")
+        mask = kw.get("attention_mask")
+        if mask is None:
+            raise ConfigError("LTX-Video needs the text attention mask its text encoder makes, and this cached "
+                              "dataset has none: re-cache it with the LTX-Video (T5) text encoder.")
+        if torch.is_floating_point(mask):
+            raise ConfigError("pipeline_stages > 1 for LTX-Video needs the text encoder's integer attention mask; "
+                              "this dataset holds a float one. Re-cache it, or set pipeline_stages to 1.")
+        frame_rate = kw.get("frame_rate", 25)
+        if isinstance(frame_rate, bool) or not isinstance(frame_rate, (int, float)):
+            raise ConfigError(f"LTX-Video's frame_rate conditioning must be a number, not {type(frame_rate).__name__}:"
+                              " set it with LTXVConditioning, or set pipeline_stages to 1.")
+        xt = prepared.xt
+        empty = xt.new_zeros((xt.shape[0], 0))  # a stage's inputs are a fixed tuple of tensors (no None)
+        # float64 holds any Python float exactly, so the embedding computes with ComfyUI's very number.
+        rate = torch.tensor([float(frame_rate)], dtype=torch.float64, device=xt.device)
+        denoise_mask, keyframe_idxs = kw.get("denoise_mask"), kw.get("keyframe_idxs")
+        return (xt, prepared.sigma, kw["c_crossattn"], mask, rate,
+                empty if denoise_mask is None else denoise_mask, empty if keyframe_idxs is None else keyframe_idxs)
+
+    @staticmethod
+    def layers(base_model) -> list[nn.Module]:
+        from ..patches import missing_patches, stale_blocks
+
+        dm = base_model.diffusion_model
+        if missing_patches(dm) or stale_blocks(dm):
+            raise ConfigError("LTX-Video's blocks must run PipeTrain's out-of-place forward (engine/patches.py: "
+                              "ensure_patched, before activation checkpointing wraps them); ComfyUI's in-place one "
+                              "gives wrong gradients under checkpointing.")
+        return [_Embed(base_model), *[_Block(b) for b in dm.transformer_blocks], _Head(base_model)]

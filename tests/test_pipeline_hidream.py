@@ -1,0 +1,158 @@
+"""Pipeline parallelism (HiDream adapter): the stage layers, run one after another, equal ComfyUI's
+apply_model bit for bit and give the same LoRA gradients; unsupported inputs are refused.
+
+Built from ComfyUI's own HiDream classes (comfy.supported_models.HiDream) with a tiny config
+(tests/family_configs.py): every block reads its own Llama layer (llama_layers), and the feed-forwards
+are MoE with data-dependent routing. The 2-process engine path is the same as for the other adapters
+(tests/test_pipeline_sd3.py, tests/test_pipeline_chroma.py).
+"""
+from __future__ import annotations
+
+import family_configs as fc
+import pytest
+import torch
+from engine_runs import loss_and_lora_grads, trainable_lora
+from PipeTrain.engine.config import ConfigError, LoraSpec
+
+_HIDREAM = next(f for f in fc.FAMILIES if f.name == "hidream")
+_LLAMA_WIDTH = 40  # caption_channels[1] of the tiny config
+
+
+@pytest.fixture(scope="module")
+def comfy(comfy_root):
+    from PipeTrain.engine.comfy_bootstrap import import_comfy
+
+    import_comfy(comfy_root)
+
+
+def _model(**changes):
+    import comfy.supported_models
+
+    model = comfy.supported_models.HiDream(dict(_HIDREAM.config, **changes)).get_model({})
+    fc.init_weights(model.diffusion_model, seed=0)
+    return model
+
+
+def _prepare(model, batch: int = 2, latent=(16, 8, 8), llama_layers: int = 2, llama_tokens: int = fc.T):
+    """apply_model's inputs for cached items as engine.data.collate returns them."""
+    from PipeTrain.engine.objective import DiffusionObjective
+
+    gen = torch.Generator().manual_seed(1)
+    latents = torch.randn((batch, *latent), generator=gen)
+    conds = [{"cross_attn": torch.randn((fc.T, _HIDREAM.text_width), generator=gen),
+              "extras": {"pooled_output": torch.randn(32, generator=gen),
+                         "conditioning_llama3": torch.randn((llama_layers, llama_tokens, _LLAMA_WIDTH), generator=gen)}}
+             for _ in range(batch)]
+    return DiffusionObjective(model, seed=3).prepare(latents, conds, list(range(batch)))
+
+
+def _reference(model, prepared):
+    from PipeTrain.engine.objective import transformer_options
+
+    return model.apply_model(prepared.xt, prepared.sigma, transformer_options=transformer_options(prepared.sigma),
+                             **prepared.kwargs)
+
+
+def _run_layers(model, prepared):
+    """The adapter's layers in sequence; every tensor handed on is contiguous (DeepSpeed sends it as is)."""
+    from PipeTrain.engine.models import adapter_for
+
+    adapter = adapter_for(model)
+    assert adapter.name == "hidream"
+    acts = adapter.first_stage_inputs(prepared)
+    for layer in adapter.layers(model):
+        acts = layer(acts)
+        assert all(t.is_contiguous() for t in ((acts,) if torch.is_tensor(acts) else acts)), type(layer).__name__
+    return acts
+
+
+CASES = {  # case: (model config changes, _prepare arguments)
+    "default": ({}, {}),
+    "odd-size": ({}, {"latent": (16, 7, 9)}),  # padded to the 2x2 patch, cropped
+    "one-item": ({}, {"batch": 1}),
+    "llama-shorter-than-t5": ({}, {"llama_tokens": 4}),
+    "no-double-blocks": ({"num_layers": 0, "num_single_layers": 3, "llama_layers": [0, 1, 0]}, {}),
+    "no-single-blocks": ({"num_layers": 2, "num_single_layers": 0, "llama_layers": [1, 0]}, {}),
+    "two-and-two": ({"num_layers": 2, "num_single_layers": 2, "llama_layers": [2, 0, 1, 2]}, {"llama_layers": 3}),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_stage_layers_equal_comfyui_forward(comfy, case):
+    """Running the adapter's layers one after another gives apply_model's output bit for bit."""
+    changes, cond = CASES[case]
+    model = _model(**changes)
+    prepared = _prepare(model, **cond)
+    with torch.no_grad():
+        reference = _reference(model, prepared)
+        acts = _run_layers(model, prepared)
+    assert torch.equal(acts, reference)
+
+
+def test_each_block_reads_its_own_llama_layer(comfy):
+    """A Llama layer that only the last block reads (and the text in front of the double blocks)
+    changes the prediction; one that no block reads does not."""
+    model = _model(num_layers=1, num_single_layers=2, llama_layers=[0, 0, 2])
+    prepared = _prepare(model, llama_layers=3)
+    llama = prepared.kwargs["encoder_hidden_states_llama3"]
+    with torch.no_grad():
+        base = _run_layers(model, prepared)
+        for layer, changes in ((1, False), (2, True)):
+            prepared.kwargs["encoder_hidden_states_llama3"] = llama.clone()
+            prepared.kwargs["encoder_hidden_states_llama3"][:, layer] += 1.0
+            assert bool((_run_layers(model, prepared) - base).abs().max() > 1e-4) == changes, layer
+
+
+@pytest.mark.parametrize("checkpointing", ["off", "cpu_offload"])
+def test_stage_layers_give_comfyui_lora_gradients(comfy, checkpointing):
+    """With a LoRA on every block linear, backward through the layers gives apply_model's gradients,
+    also with the engine's activation checkpointing (+ CPU offload) wrapped around every block."""
+    from PipeTrain.engine.checkpointing import enable_checkpointing
+    from PipeTrain.engine.lora import inject_lora
+
+    # 3 experts, 2 per token: the routing decides which expert weights a token sees
+    model = _model(num_layers=2, num_single_layers=2, llama_layers=[1, 0, 1, 0], num_routed_experts=3)
+    targets = inject_lora(model.diffusion_model, LoraSpec(rank=4, targets="all_linear"))
+    assert all(any(t.startswith(f"{kind}.{i}.") for t in targets)
+               for kind in ("double_stream_blocks", "single_stream_blocks") for i in range(2))
+    lora = trainable_lora(model)
+    prepared = _prepare(model)
+
+    ref_loss, ref = loss_and_lora_grads(model, prepared, lora, lambda: _reference(model, prepared))
+    offloader = None if checkpointing == "off" else enable_checkpointing(model.diffusion_model, checkpointing)
+    loss, got = loss_and_lora_grads(model, prepared, lora, lambda: _run_layers(model, prepared))
+    assert offloader is None or offloader.offloaded > 0  # the blocks ran checkpointed
+    assert torch.equal(loss, ref_loss)
+    # Every expert of every block saw some tokens (the gradients below are not zero), so the stages
+    # routed them as ComfyUI did.
+    assert got.keys() == ref.keys() and all(g is not None and g.abs().sum() > 0 for g in ref.values())
+    for n in ref:
+        torch.testing.assert_close(got[n], ref[n], msg=n)
+
+
+def test_unsupported_hidream_inputs_are_refused(comfy):
+    """The E1 edit image and a missing Llama or pooled conditioning get a ConfigError naming the fix."""
+    from PipeTrain.engine.models import adapter_for
+
+    model = _model()
+    adapter = adapter_for(model)
+    prepared = _prepare(model, batch=1)
+    prepared.kwargs["image_cond"] = torch.zeros_like(prepared.xt)
+    with pytest.raises(ConfigError, match="edit image.*pipeline_stages to 1"):
+        adapter.first_stage_inputs(prepared)
+    for key, name in (("encoder_hidden_states_llama3", "conditioning_llama3"), ("y", "pooled_output")):
+        prepared = _prepare(model, batch=1)
+        prepared.kwargs.pop(key)
+        with pytest.raises(ConfigError, match=name):
+            adapter.first_stage_inputs(prepared)
+
+
+def test_adapter_for_picks_hidream_and_only_hidream(comfy):
+    from PipeTrain.engine.models import ADAPTERS, adapter_for
+
+    model = _model()
+    assert adapter_for(model).name == "hidream"
+    assert [n for n, a in ADAPTERS.items() if a.matches(model)] == ["hidream"]
+    for family in fc.FAMILIES:  # every other family's tiny model (ComfyUI's own classes)
+        if family.name != "hidream":
+            assert not ADAPTERS["hidream"].matches(fc.build(family)), family.name

@@ -1,0 +1,187 @@
+"""Pipeline parallelism (OmniGen2 adapter): the stage layers, run one after another, equal ComfyUI's
+apply_model bit for bit (text only, and with reference latents of several sizes) and give the same
+LoRA gradients; a padded or missing text mask is refused; the adapter takes exactly OmniGen2 models.
+
+The tiny model is ComfyUI's own Omnigen2 class with the tiny config of tests/family_configs.py.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import family_configs as fc
+import pytest
+import torch
+from engine_runs import loss_and_lora_grads, stage_layers_forward, trainable_lora
+from PipeTrain.engine.config import ConfigError, LoraSpec
+
+_OMNIGEN2 = next(f for f in fc.FAMILIES if f.name == "omnigen2")
+
+
+@pytest.fixture(scope="module")
+def comfy(comfy_root):
+    from PipeTrain.engine.comfy_bootstrap import import_comfy
+
+    import_comfy(comfy_root)
+
+
+def _model(**config):
+    import comfy.supported_models
+
+    model = comfy.supported_models.Omnigen2(dict(_OMNIGEN2.config, **config)).get_model({})
+    fc.init_weights(model.diffusion_model, seed=0)
+    return model
+
+
+def _prepare(model, batch: int = 2, latent=(16, 6, 10), refs=((16, 6, 8),), mask="ones"):
+    """apply_model's inputs for cached items as engine.data.collate returns them.
+
+    refs: the raw shape of each reference latent; mask: "ones" (what the text encoder stores for an
+    unpadded prompt), "padded" (its last two tokens masked) or None (no mask cached)."""
+    from PipeTrain.engine.objective import DiffusionObjective
+
+    gen = torch.Generator().manual_seed(1)
+    latents = torch.randn((batch, *latent), generator=gen)
+    conds = []
+    for _ in range(batch):
+        extras = {}
+        if mask is not None:
+            extras["attention_mask"] = torch.ones(fc.T, dtype=torch.long)
+            if mask == "padded":
+                extras["attention_mask"][-2:] = 0
+        if refs:
+            extras["reference_latents"] = [torch.randn((1, *shape), generator=gen) for shape in refs]
+        conds.append({"cross_attn": torch.randn((fc.T, _OMNIGEN2.text_width), generator=gen), "extras": extras})
+    return DiffusionObjective(model, seed=3).prepare(latents, conds, list(range(batch)))
+
+
+def _reference(model, prepared):
+    from PipeTrain.engine.objective import transformer_options
+
+    return model.apply_model(prepared.xt, prepared.sigma, transformer_options=transformer_options(prepared.sigma),
+                             **prepared.kwargs)
+
+
+CASES = {
+    "one-reference": dict(model=dict(), cond=dict()),
+    "text-only": dict(model=dict(), cond=dict(refs=())),  # the reference refiners pass through
+    "odd-sizes": dict(model=dict(), cond=dict(latent=(16, 7, 9), refs=((16, 5, 7),))),  # padded to 2x2, cropped
+    "three-references-one-item": dict(model=dict(), cond=dict(batch=1, refs=((16, 6, 8), (16, 4, 4), (16, 8, 6)))),
+    "two-refiners": dict(model=dict(num_refiner_layers=2, num_layers=1), cond=dict()),
+    "no-refiners": dict(model=dict(num_refiner_layers=0), cond=dict()),  # the embedding joins the streams
+    "no-main-layers": dict(model=dict(num_layers=0), cond=dict(batch=1)),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_stage_layers_equal_comfyui_forward(comfy, case):
+    """Running the adapter's layers one after another gives apply_model's output bit for bit."""
+    from PipeTrain.engine.models import adapter_for
+
+    model = _model(**CASES[case]["model"])
+    prepared = _prepare(model, **CASES[case]["cond"])
+    assert adapter_for(model).name == "omnigen2"
+    assert ("ref_latents" in prepared.kwargs) == bool(CASES[case]["cond"].get("refs", True))
+    with torch.no_grad():
+        reference = _reference(model, prepared)
+        got = stage_layers_forward(model, prepared)
+    assert torch.equal(got, reference)
+
+
+def test_reference_latents_reach_the_output(comfy):
+    """The reference tokens travel with the others: changing a reference changes the prediction."""
+    model = _model()
+    prepared = _prepare(model, batch=1)
+    with torch.no_grad():
+        base = stage_layers_forward(model, prepared)
+        prepared.kwargs["ref_latents"] = [r + 1.0 for r in prepared.kwargs["ref_latents"]]
+        moved = stage_layers_forward(model, prepared)
+    assert (base - moved).abs().max() > 1e-4
+
+
+def test_stage_layers_give_comfyui_lora_gradients(comfy):
+    """With a LoRA on every block linear, backward through the layers gives apply_model's gradients
+    (every refiner, the reference one included, gets a gradient)."""
+    from PipeTrain.engine.lora import inject_lora
+
+    model = _model()
+    targets = inject_lora(model.diffusion_model, LoraSpec(rank=4, targets="all_linear"))
+    for root in ("context_refiner.", "noise_refiner.", "ref_image_refiner.", "layers."):
+        assert any(t.startswith(root) for t in targets), root
+    lora = trainable_lora(model)
+    prepared = _prepare(model, refs=((16, 6, 8), (16, 4, 6)))
+
+    def grads(run):
+        return loss_and_lora_grads(model, prepared, lora, run)
+
+    ref_loss, ref = grads(lambda: _reference(model, prepared))
+    loss, got = grads(lambda: stage_layers_forward(model, prepared))
+    assert torch.equal(loss, ref_loss)
+    assert got.keys() == ref.keys() and all(g is not None and g.abs().sum() > 0 for g in ref.values())
+    for n in ref:
+        torch.testing.assert_close(got[n], ref[n], msg=n)
+
+
+def test_unusable_text_masks_and_other_inputs_are_refused(comfy):
+    """A padded text mask (ComfyUI's OmniGen2 cannot run it), a cache without a mask (no num_tokens)
+    and inputs this adapter does not reproduce each get a ConfigError naming the fix."""
+    from PipeTrain.engine.models import adapter_for
+
+    model = _model()
+    adapter = adapter_for(model)
+    prepared = _prepare(model, batch=1, mask="padded")
+    assert "attention_mask" in prepared.kwargs
+    with pytest.raises(ConfigError, match="padded text mask.*Re-cache"):
+        adapter.first_stage_inputs(prepared)
+    with pytest.raises(ConfigError, match="attention_mask.*Re-cache"):
+        adapter.first_stage_inputs(_prepare(model, batch=1, mask=None))
+    prepared = _prepare(model, batch=1)
+    prepared.kwargs["c_concat"] = torch.zeros(1)
+    with pytest.raises(ConfigError, match="c_concat.*pipeline_stages to 1"):
+        adapter.first_stage_inputs(prepared)
+
+
+def test_adapter_takes_exactly_omnigen2_models(comfy):
+    """Only this adapter matches OmniGen2, and it matches no other family's model."""
+    from PipeTrain.engine.models import ADAPTERS
+    from PipeTrain.engine.models.omnigen2 import OmniGen2Adapter
+
+    assert [n for n, a in ADAPTERS.items() if a.matches(_model())] == ["omnigen2"]  # no other adapter claims it
+    others = [f for f in fc.FAMILIES if f.name != "omnigen2"]
+    assert others
+    for f in others:
+        assert not OmniGen2Adapter.matches(fc.build(f)), f.name
+
+
+@pytest.fixture(scope="module")
+def omnigen2_files(comfy, tmp_path_factory):
+    """A tiny OmniGen2 file (1 + 1 + 1 refiners, 2 layers) and a cache with the text encoder's
+    all-ones mask and one reference latent per item; detection reads it with tests/tiny_detected.py."""
+    import tiny_detected
+
+    root = tmp_path_factory.mktemp("tiny-omnigen2")
+    model = tiny_detected.write_model(root / "tiny_omnigen2.safetensors", "omnigen2")
+    cache = tiny_detected.write_cache(root / "data", latent=(16, 8, 8), text_width=_OMNIGEN2.text_width,
+                                      refs=((16, 6, 8),),
+                                      extras={"attention_mask": torch.ones(tiny_detected.TEXT_TOKENS, dtype=torch.long)})
+    return str(model), cache
+
+
+@pytest.mark.slow
+def test_two_stage_pipeline_trains_like_one_process(tmp_path, comfy_root, omnigen2_files, monkeypatch):
+    """2 DeepSpeed gloo ranks, one stage each, with a reference latent: same losses and saved LoRA
+    as one plain process (tests/tiny_detected.py: ComfyUI loads the tiny file into its own classes)."""
+    import tiny_detected
+    from engine_runs import assert_same_lora, pipeline_config, run_to_end
+
+    tiny_detected.use_tiny_detection(monkeypatch)
+    plain = run_to_end(pipeline_config(tmp_path / "plain", comfy_root, omnigen2_files, 1, 1, 1))
+    # Cut inside the refiners (embedding + context refiner | noise and reference refiners (the last joins), 2 layers, head), so the separate text and image streams cross
+    # stages; activation checkpointing on in the stages.
+    cfg = pipeline_config(tmp_path / "piped", comfy_root, omnigen2_files, 2, 2, 1)
+    memory = dataclasses.replace(cfg.memory, pipeline_split="2", activation_checkpointing="on")
+    piped = run_to_end(dataclasses.replace(cfg, memory=memory))
+    assert "pipeline stage 1/2: layers 0-1 of 7 (memory.pipeline_split)" in piped.log()
+    assert plain.losses() == pytest.approx(piped.losses(), rel=1e-5, abs=1e-7)
+    a = assert_same_lora(plain.cfg.run_dir, piped.cfg.run_dir, rtol=1e-4, atol=1e-5)
+    moved = [k for k in a if k.endswith("lora_B.weight") and a[k].abs().sum() > 0]
+    assert len(moved) == len([k for k in a if k.endswith("lora_B.weight")]), "a stage's LoRA never trained"

@@ -1,0 +1,180 @@
+"""Pipeline parallelism (SD3 adapter): the stage layers, run one after another, equal ComfyUI's
+apply_model bit for bit and give the same LoRA gradients; unsupported inputs are refused.
+
+Built from ComfyUI's own SD3 classes (comfy.supported_models.SD3) with a tiny config
+(tests/family_configs.py). ComfyUI detects an SD3 file only from full-size keys, so there is no
+2-process engine run here; the engine path is the same as for the other adapters
+(tests/test_pipeline_chroma.py, tests/test_pipeline_qwen_image.py).
+"""
+from __future__ import annotations
+
+import family_configs as fc
+import pytest
+import torch
+from engine_runs import loss_and_lora_grads, trainable_lora
+from PipeTrain.engine.config import ConfigError, LoraSpec
+
+_SD3 = next(f for f in fc.FAMILIES if f.name == "sd3")
+
+
+@pytest.fixture(scope="module")
+def comfy(comfy_root):
+    from PipeTrain.engine.comfy_bootstrap import import_comfy
+
+    import_comfy(comfy_root)
+
+
+def _model(**changes):
+    import comfy.supported_models
+
+    model = comfy.supported_models.SD3(dict(_SD3.config, **changes)).get_model({})
+    fc.init_weights(model.diffusion_model, seed=0)
+    return model
+
+
+def _prepare(model, batch: int = 2, latent=(16, 8, 8), pooled: bool = True):
+    """apply_model's inputs for cached items as engine.data.collate returns them."""
+    from PipeTrain.engine.objective import DiffusionObjective
+
+    gen = torch.Generator().manual_seed(1)
+    latents = torch.randn((batch, *latent), generator=gen)
+    conds = [{"cross_attn": torch.randn((fc.T, _SD3.text_width), generator=gen),
+              "extras": {"pooled_output": torch.randn(32, generator=gen) if pooled else None}} for _ in range(batch)]
+    return DiffusionObjective(model, seed=3).prepare(latents, conds, list(range(batch)))
+
+
+def _reference(model, prepared):
+    from PipeTrain.engine.objective import transformer_options
+
+    return model.apply_model(prepared.xt, prepared.sigma, transformer_options=transformer_options(prepared.sigma),
+                             **prepared.kwargs)
+
+
+def _run_layers(model, prepared):
+    """The adapter's layers in sequence; every tensor handed on is contiguous (DeepSpeed sends it as is)."""
+    from PipeTrain.engine.models import adapter_for
+
+    adapter = adapter_for(model)
+    assert adapter.name == "sd3"
+    acts = adapter.first_stage_inputs(prepared)
+    for layer in adapter.layers(model):
+        acts = layer(acts)
+        assert all(t.is_contiguous() for t in ((acts,) if torch.is_tensor(acts) else acts)), type(layer).__name__
+    return acts
+
+
+CASES = {  # case: (model config changes, _prepare arguments)
+    "pooled": ({}, {}),
+    "no-pooled-vector": ({}, {"pooled": False}),  # pooled_output None: no y
+    "odd-size": ({}, {"latent": (16, 7, 9)}),  # padded to the 2x2 patch, cropped
+    "one-item": ({}, {"batch": 1}),
+    "one-block": ({"num_blocks": 1}, {}),  # the only block is the pre_only one
+    "three-blocks-self-attn": ({"num_blocks": 3, "x_block_self_attn_layers": [0, 1]}, {}),
+    "no-position-table": ({"num_patches": None, "pos_embed_max_size": None}, {}),  # computed sin-cos table
+    "register-tokens": ({"register_length": 2}, {}),
+    "blocks-own-checkpoint": ({"use_checkpoint": True}, {}),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_stage_layers_equal_comfyui_forward(comfy, case):
+    """Running the adapter's layers one after another gives apply_model's output bit for bit."""
+    changes, cond = CASES[case]
+    model = _model(**changes)
+    prepared = _prepare(model, **cond)
+    assert ("y" in prepared.kwargs) == cond.get("pooled", True)
+    with torch.no_grad():
+        reference = _reference(model, prepared)
+        acts = _run_layers(model, prepared)
+    assert torch.equal(acts, reference)
+
+
+def test_pooled_vector_reaches_the_blocks(comfy):
+    """The pooled vector changes the prediction (it travels in c_mod, not dropped as absent)."""
+    model = _model()
+    prepared = _prepare(model)
+    with torch.no_grad():
+        a = _run_layers(model, prepared)
+        prepared.kwargs["y"] = prepared.kwargs["y"] + 1.0
+        b = _run_layers(model, prepared)
+    assert (a - b).abs().max() > 1e-4
+
+
+@pytest.mark.parametrize("checkpointing", ["off", "cpu_offload"])
+def test_stage_layers_give_comfyui_lora_gradients(comfy, checkpointing):
+    """With a LoRA on every block linear, backward through the layers gives apply_model's gradients,
+    also with the engine's activation checkpointing (+ CPU offload) wrapped around every block."""
+    from PipeTrain.engine.checkpointing import enable_checkpointing
+    from PipeTrain.engine.lora import inject_lora
+
+    model = _model(num_blocks=3)
+    targets = inject_lora(model.diffusion_model, LoraSpec(rank=4, targets="all_linear"))
+    for i in range(3):
+        assert any(t.startswith(f"joint_blocks.{i}.") for t in targets)
+    lora = trainable_lora(model)
+    prepared = _prepare(model)
+
+    ref_loss, ref = loss_and_lora_grads(model, prepared, lora, lambda: _reference(model, prepared))
+    offloader = None if checkpointing == "off" else enable_checkpointing(model.diffusion_model, checkpointing)
+    loss, got = loss_and_lora_grads(model, prepared, lora, lambda: _run_layers(model, prepared))
+    assert offloader is None or offloader.offloaded > 0  # the blocks ran checkpointed
+    assert torch.equal(loss, ref_loss)
+    assert got.keys() == ref.keys() and all(g.abs().sum() > 0 for g in ref.values())
+    for n in ref:
+        torch.testing.assert_close(got[n], ref[n], msg=n)
+
+
+def test_unsupported_sd3_inputs_are_refused(comfy):
+    """Concat channels, missing text and a context processor get a ConfigError naming the fix."""
+    from PipeTrain.engine.models import adapter_for
+
+    model = _model()
+    adapter = adapter_for(model)
+    prepared = _prepare(model, batch=1)
+    prepared.kwargs["c_concat"] = torch.zeros_like(prepared.xt)
+    with pytest.raises(ConfigError, match="concat channels.*pipeline_stages to 1"):
+        adapter.first_stage_inputs(prepared)
+    prepared = _prepare(model, batch=1)
+    prepared.kwargs.pop("c_crossattn")
+    with pytest.raises(ConfigError, match="cross_attn"):
+        adapter.first_stage_inputs(prepared)
+    with pytest.raises(ConfigError, match="context processor"):
+        adapter.layers(_model(context_processor_layers=1, context_size=_SD3.text_width))
+
+
+def test_adapter_for_picks_sd3_and_only_sd3(comfy):
+    from PipeTrain.engine.models import ADAPTERS, adapter_for
+
+    model = _model()
+    assert adapter_for(model).name == "sd3"
+    assert [n for n, a in ADAPTERS.items() if a.matches(model)] == ["sd3"]
+    for family in fc.FAMILIES:  # every other family's tiny model (ComfyUI's own classes)
+        if family.name != "sd3":
+            assert not ADAPTERS["sd3"].matches(fc.build(family)), family.name
+
+
+@pytest.fixture(scope="module")
+def sd3_files(comfy, tmp_path_factory):
+    """A tiny SD3 file (2 joint blocks: detection reads their count from the width, 64 per block; it
+    reads every value from the file's own tensors, so no tiny detection is needed) and a cache."""
+    import tiny_detected
+
+    root = tmp_path_factory.mktemp("tiny-sd3")
+    model = tiny_detected.write_model(root / "tiny_sd3.safetensors", "sd3")
+    cache = tiny_detected.write_cache(root / "data", latent=(16, 8, 8), text_width=_SD3.text_width,
+                                      extras={"pooled_output": torch.randn((1, 32), generator=torch.Generator())})
+    return str(model), cache
+
+
+@pytest.mark.slow
+def test_two_stage_pipeline_trains_like_one_process(tmp_path, comfy_root, sd3_files):
+    """2 DeepSpeed gloo ranks, one stage each: same losses and saved LoRA as one plain process."""
+    from engine_runs import assert_same_lora, pipeline_config, run_to_end
+
+    plain = run_to_end(pipeline_config(tmp_path / "plain", comfy_root, sd3_files, 1, 1, 1))
+    piped = run_to_end(pipeline_config(tmp_path / "piped", comfy_root, sd3_files, 2, 2, 1))
+    assert "pipeline stage 2/2" in piped.log()
+    assert plain.losses() == pytest.approx(piped.losses(), rel=1e-5, abs=1e-7)
+    a = assert_same_lora(plain.cfg.run_dir, piped.cfg.run_dir, rtol=1e-4, atol=1e-5)
+    moved = [k for k in a if k.endswith("lora_B.weight") and a[k].abs().sum() > 0]
+    assert len(moved) == len([k for k in a if k.endswith("lora_B.weight")]), "a stage's LoRA never trained"
