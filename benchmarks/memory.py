@@ -98,14 +98,18 @@ def child(job: dict) -> dict:
     cond = sample_cond(shape, device=str(device))
     setup_s = time.time() - t0
     times, losses = [], []
+
+    def step():
+        loss = trainer(latents, [cond], [0])  # the same sample and noise every step: comparable losses
+        trainer.backward(loss)
+        trainer.step()
+        return loss
+
     for i in range(job["warmup"] + job["steps"]):
         if cuda:
             torch.cuda.synchronize()
         started = time.time()
-        loss = trainer(latents, [cond], [0])  # the same sample and noise every step: comparable losses
-        trainer.backward(loss)
-        trainer.step()
-        losses.append(float(loss.item()))
+        losses.append(float(step().item()))
         if cuda:
             torch.cuda.synchronize()
         if i >= job["warmup"]:
@@ -116,6 +120,10 @@ def child(job: dict) -> dict:
     if cuda:
         out["peak_alloc_gib"] = torch.cuda.max_memory_allocated() / GIB
         out["peak_reserved_gib"] = torch.cuda.max_memory_reserved() / GIB
+        if job.get("profile"):  # one more step, under the profiler (after the timed ones: it slows launches)
+            from profile_summary import profile_step
+
+            out["profile"] = profile_step(step, lora_rank=cfg.lora.rank)
     return out
 
 
@@ -237,6 +245,8 @@ def main() -> int:
     parser.add_argument("--compile-backend", default="inductor")
     parser.add_argument("--expandable", action="store_true", help="expandable_segments for every set")
     parser.add_argument("--tiny", action="store_true", help="CPU dry run on a tiny Wan (< 1 min)")
+    parser.add_argument("--profile", action="store_true",
+                        help="after the timed steps, profile one more (benchmarks/profile_summary.py; GPU only)")
     parser.add_argument("--child", default="", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -277,7 +287,7 @@ def main() -> int:
             job = {"model": model, "option": option, "memory": memory, "cap_gib": cap, "work": str(work),
                    "model_path": str(path), "steps": args.steps,
                    "warmup": max(args.warmup, 2) if memory.get("compile_blocks") else args.warmup,
-                   "compile_backend": args.compile_backend}
+                   "compile_backend": args.compile_backend, "profile": args.profile}
             t0 = time.time()
             # --tiny runs the sets in this process: on a CPU there is no peak to isolate, only import time to save.
             result = child(job) if args.tiny else run_child(job, args.expandable, args.child_timeout)
@@ -285,6 +295,10 @@ def main() -> int:
             results_file.write_text(json.dumps(results, indent=1))
             print(f"{model} {option}: {time.time() - t0:.0f} s "
                   f"{result.get('error') or round(result['s_per_step'], 3)}", flush=True)
+            if "profile" in result:
+                from profile_summary import format_summary
+
+                print(format_summary(f"{model} {option}", result["profile"]), flush=True)
     tflops, peak = {}, 0.0
     if cuda:  # MFU: FLOPs counted on ComfyUI's forward, over this GPU's measured matmul speed
         peak = measured_peak_tflops()

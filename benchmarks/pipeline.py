@@ -9,7 +9,8 @@ with the released model's configuration; random weights do the same work as trai
 synthetic latent cache, then trains the same LoRA (rank 32, every block linear) with the same seed
 three ways, each 8 samples per optimizer step, and prints step times:
   1 GPU (grad_accum 8), 2-stage pipeline on 2 GPUs (grad_accum 8), 2-way data parallel (grad_accum 4);
-with --gpus 4 also 2 stages x 2 data parallel (grad_accum 4) and 4 stages (grad_accum 8, --split).
+with --gpus 4 also 2 stages x 2 data parallel (grad_accum 4) and 4 stages (grad_accum 8, --split);
+with --pp2-splits more 2-stage runs cut at the given layer indices.
 GPipe's ideal speed-up for S stages, m micro-batches and R replicas is R*S*m/(m+S-1) (2 stages, m=8: 1.78x).
 All runs see the same 8 samples per step, so their losses must match (printed per run).
 """
@@ -35,6 +36,8 @@ def main() -> int:
     parser.add_argument("--checkpointing", action="store_true")
     parser.add_argument("--gpus", type=int, default=2, choices=(2, 4), help="4: add the pipeline x data grids")
     parser.add_argument("--split", default="", help="memory.pipeline_split for the 4-stage run (default: balanced)")
+    parser.add_argument("--pp2-splits", default="", help="comma list of layer indices: one more 2-stage run per "
+                        "index, stage 2 starting there (memory.pipeline_split), named pp2_gas8_split<index>")
     parser.add_argument("--runs", default="", help="comma list of run names to do (default: all)")
     args = parser.parse_args()
 
@@ -54,6 +57,7 @@ def main() -> int:
     cache = write_cache(out, shape, args.size, frames)
     memory = {"activation_checkpointing": "on" if args.checkpointing else "off"}
     plan = [("gpu1_gas8", 1, 1, 8, ""), ("pp2_gas8", 2, 2, 8, ""), ("dp2_gas4", 2, 1, 4, "")]
+    plan += [(f"pp2_gas8_split{i}", 2, 2, 8, i) for i in filter(None, args.pp2_splits.split(","))]
     if args.gpus == 4:
         plan += [("pp2xdp2_gas4", 4, 2, 4, ""), ("pp4_gas8", 4, 4, 8, args.split)]
     wanted = set(filter(None, args.runs.split(",")))

@@ -74,7 +74,13 @@ class ActivationOffloader:
         return torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack)
 
 
-def _checkpointed(forward, offloader: ActivationOffloader | None):
+def draws_random_numbers(block: nn.Module) -> bool:
+    """True when the block has an active dropout (a LoRA dropout, say): only then must recompute
+    replay the forward's random state."""
+    return any(isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0 for m in block.modules())
+
+
+def _checkpointed(forward, offloader: ActivationOffloader | None, random: bool):
     @functools.wraps(forward)
     def run(*args, **kwargs):
         names = [k for k, v in kwargs.items() if torch.is_tensor(v)]
@@ -86,7 +92,11 @@ def _checkpointed(forward, offloader: ActivationOffloader | None):
 
         saving = offloader.saving() if offloader is not None else contextlib.nullcontext()
         with saving:
-            return checkpoint(call, *args, *(kwargs[k] for k in names), use_reentrant=False)
+            # Saving and restoring the RNG state costs host time on every block (Flux-dev with per-block
+            # compile on an H200: 0.69 s/step with it, 0.54-0.62 without); keep it only where a
+            # dropout needs it (tests/test_checkpointing_rng.py).
+            return checkpoint(call, *args, *(kwargs[k] for k in names), use_reentrant=False,
+                              preserve_rng_state=random)
     return run
 
 
@@ -100,5 +110,5 @@ def enable_checkpointing(diffusion_model: nn.Module, mode: str = "on") -> Activa
         raise ValueError(f"checkpointing mode {mode!r}")
     offloader = ActivationOffloader() if mode == "cpu_offload" else None
     for block in blocks(diffusion_model):
-        block.forward = _checkpointed(block.forward, offloader)
+        block.forward = _checkpointed(block.forward, offloader, draws_random_numbers(block))
     return offloader

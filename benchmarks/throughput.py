@@ -1,0 +1,93 @@
+"""Training throughput of PipeTrain's engine on full-size random-init models, one GPU.
+
+    COMFYUI_PATH=... python benchmarks/throughput.py --out /tmp/tp --models flux_dev,sdxl
+    COMFYUI_PATH=... python benchmarks/throughput.py --out /tmp/tp --models wan21_14b --options ckpt,compile_ckpt --cleanup
+
+For each model shape (benchmarks/model_shapes.py: ComfyUI's own class at the released configuration,
+random weights) and option set, it writes the model file and a synthetic latent cache
+(benchmarks/engine_bench.py), trains through the real engine (launcher -> DeepSpeed rank -> events:
+LoRA rank 32 on every block linear, batch 1, --grad-accum micro-batches per step, AdamW) and prints
+one table: samples/s, ms/sample, MFU, peak GiB and the time from launch to the first loss.
+
+Resolutions: images 1024x1024, videos 512x512x81 frames (memory.RESOLUTION).
+MFU = model FLOPs per sample / seconds per sample / the GPU's measured bf16 matmul speed (8192^3).
+Model FLOPs per sample (benchmarks/flops.py, counted on ComfyUI's own forward) = 2 x linear +
+3 x attention + 3 x LoRA forward FLOPs; checkpointing's recompute is not counted.
+Step times are medians after two warm-up steps (compile happens in the first).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_env import setup  # noqa: E402
+
+OPTIONS = {  # name -> MemorySpec fields
+    "eager": {},
+    "ckpt": {"activation_checkpointing": "on"},
+    "compile": {"compile_blocks": True},
+    "compile_ckpt": {"activation_checkpointing": "on", "compile_blocks": True},
+}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", required=True, help="folder for model files, caches and run folders")
+    parser.add_argument("--models", default="flux_dev,sdxl")
+    parser.add_argument("--options", default="eager,compile,ckpt,compile_ckpt", help=", ".join(OPTIONS))
+    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--grad-accum", type=int, default=4)
+    parser.add_argument("--cleanup", action="store_true", help="delete each model file after its runs (disk)")
+    args = parser.parse_args()
+
+    setup(pytorch_attention=True)
+    import torch
+
+    from engine_bench import run_engine, write_cache
+    from memory import RESOLUTION, measured_peak_tflops, model_tflops
+    from model_shapes import SHAPES, write_random
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for name in args.models.split(","):
+        shape, res = SHAPES[name], RESOLUTION[name]
+        model = out / f"{name}_random.safetensors"
+        if not model.exists():
+            t0 = time.time()
+            params = write_random(shape, model)
+            print(f"{name}: {params / 1e9:.2f} B params written in {time.time() - t0:.0f} s", flush=True)
+        cache = write_cache(out, shape, res["size"], res["frames"])
+        for option in args.options.split(","):
+            result = run_engine(f"{name}_{option}", str(model), cache, out, gpus=1, steps=args.steps,
+                                grad_accum=args.grad_accum, memory=OPTIONS[option])
+            rows.append({"model": name, "option": option, **result})
+            print(json.dumps(rows[-1]), flush=True)
+        if args.cleanup:
+            model.unlink()
+    peak = measured_peak_tflops() if torch.cuda.is_available() else 0.0
+    flops = {m: model_tflops(m) for m in {r["model"] for r in rows}}
+    (out / "throughput.json").write_text(json.dumps({"peak_tflops": peak, "model_tflops": flops, "rows": rows}, indent=1))
+    print(f"\nbf16 matmul peak measured: {peak:.0f} TFLOP/s; model TFLOP per sample: "
+          + ", ".join(f"{m} {v:.1f}" for m, v in sorted(flops.items())))
+    print(f"LoRA r32 on every block linear, bf16, batch 1, grad_accum {args.grad_accum}, 1 GPU\n")
+    print("| model | resolution | option | samples/s | ms/sample | MFU | peak GiB | launch -> first loss s |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        res = RESOLUTION[r["model"]]
+        dims = f"{res['size']}x{res['size']}" + (f"x{res['frames']}" if res["frames"] > 1 else "")
+        if "error" in r:
+            print(f"| {r['model']} | {dims} | {r['option']} | {r['error']} | | | | |")
+            continue
+        mfu = f"{flops[r['model']] / (r['ms_per_sample'] / 1000) / peak:.0%}" if peak else "-"
+        print(f"| {r['model']} | {dims} | {r['option']} | {r['samples_per_s']:.2f} | {r['ms_per_sample']:.0f} | {mfu} | "
+              f"{r['peak_gib']:.1f} | {r['launch_to_first_step_s']:.0f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
