@@ -6,6 +6,8 @@ import sys
 import tomllib
 from pathlib import Path
 
+import pytest
+
 from PipeTrain.engine.version import __version__
 
 REPO = Path(__file__).resolve().parent.parent
@@ -34,9 +36,10 @@ def test_pack_imports_outside_comfyui():
     assert out.strip().endswith("False False"), out  # neither ComfyUI nor DeepSpeed imported by registration
 
 
-def test_ui_workflow_matches_its_api_twin():
-    ui = json.loads((REPO / "example_workflows" / "train_lora_then_test.json").read_text())
-    api = json.loads((REPO / "example_workflows" / "api" / "train_lora_then_test_api.json").read_text())
+@pytest.mark.parametrize("name", sorted(p.stem for p in (REPO / "example_workflows").glob("*.json")))
+def test_ui_workflow_matches_its_api_twin(name):
+    ui = json.loads((REPO / "example_workflows" / f"{name}.json").read_text())
+    api = json.loads((REPO / "example_workflows" / "api" / f"{name}_api.json").read_text())
     assert {str(n["id"]): n["type"] for n in ui["nodes"]} == {k: v["class_type"] for k, v in api.items()}
     api_links = {(src[0], dst, name) for dst, node in api.items() for name, src in node["inputs"].items()
                  if isinstance(src, list)}
@@ -47,4 +50,4 @@ def test_ui_workflow_matches_its_api_twin():
                 link = next(l for l in ui["links"] if l[0] == inp["link"])
                 ui_links.add((str(link[1]), str(node["id"]), inp["name"]))
     assert ui_links == api_links
-    assert (REPO / "example_workflows" / "train_lora_then_test.jpg").stat().st_size > 10_000
+    assert (REPO / "example_workflows" / f"{name}.jpg").stat().st_size > 10_000

@@ -34,8 +34,8 @@ def test_run_chart_samples_reload_and_cancel_in_the_browser(comfy_server, demo_b
         f"browser test failed (screenshots in {artifacts}):\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}\n"
         f"{comfy_server.log_tail()}")
 
-    thumbnail = Image.open(REPO / "example_workflows" / "train_lora_then_test.jpg").size
-    assert summary["templates"] == [list(thumbnail)], summary["templates"]  # listed, with our thumbnail
+    thumbnails = sorted(list(Image.open(p).size) for p in (REPO / "example_workflows").glob("*.jpg"))
+    assert sorted(summary["templates"]) == thumbnails, summary["templates"]  # all listed, with our thumbnails
     assert summary["training"]["points"] >= 6 and "training" in summary["statuses"]
     assert summary["samples"]["samplesLoaded"] >= 1 and summary["samples"]["preview"] >= 1
     assert summary["reloaded"]["points"] >= summary["samples"]["points"], "the chart did not survive the reload"

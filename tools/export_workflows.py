@@ -2,7 +2,7 @@
 
     .venv/bin/python -m tools.export_workflows          (COMFYUI_PATH or .comfyui/ComfyUI)
 
-Starts ComfyUI headless over a scratch folder holding the demo's tiny files, and lets the real
+Starts ComfyUI headless over a scratch folder holding the demo's tiny files (all three workflows'), and lets the real
 frontend in headless Chromium convert each `api/<name>_api.json` (tools/ui_workflow.mjs). The API twins
 live in api/ because ComfyUI's template browser lists every .json directly in example_workflows/.
 """
@@ -25,7 +25,7 @@ def main() -> int:
     from tools.tiny_assets import write_demo_base
 
     with tempfile.TemporaryDirectory(prefix="pipetrain-export-") as base:
-        write_demo_base(base)
+        write_demo_base(base, extras=("edit", "video"))  # every workflow's files, so no combo shows a missing value
         with ComfyServer(str(comfy_root()), base, env={"OMP_NUM_THREADS": "1"}) as server:
             for api in sorted((REPO / "example_workflows" / "api").glob("*_api.json")):
                 name = api.name[: -len("_api.json")]

@@ -8,6 +8,9 @@ ENVIRONMENT.md ("An offline demo graph with random-init files") records which sh
 accepts on ComfyUI 0.3.75.
 
     python -m tools.tiny_assets BASE_DIR      # a base dir for `main.py --base-directory BASE_DIR`
+    python -m tools.tiny_assets BASE_DIR --extras edit video   # + the edit/video workflows' files
+
+The edit (Flux Kontext) and video (HunyuanVideo) example workflows' files: tools/tiny_families.py.
 """
 from __future__ import annotations
 
@@ -92,6 +95,8 @@ def _init_all(module: torch.nn.Module, seed: int, skip: tuple[str, ...] = ()) ->
                 p.fill_(1.0 if p_name == "weight" else 0.0)
             elif p_name == "bias":
                 p.zero_()
+            elif p_name == "scale" and p.dim() == 1:  # RMSNorm gains (Flux-style q/k norms)
+                p.fill_(1.0)
             elif isinstance(mod, torch.nn.Embedding):
                 p.copy_(_normal(p.shape, 1.0, seed, full))  # one-hot input: fan_in is 1
             elif p.dim() >= 2:
@@ -183,21 +188,24 @@ def _through(conv, kernel: torch.Tensor) -> None:
 
 
 @torch.no_grad()
-def build_tiny_taesd(seed: int = 0) -> torch.nn.Module:
+def build_tiny_taesd(seed: int = 0, latent_format: str = "SD15") -> torch.nn.Module:
+    """latent_format: the comfy.latent_formats class whose channels, scale/shift and preview
+    factors the TAESD uses (SD15: 4 channels; Flux: 16, a "taef1")."""
     _ensure_comfy()
     import comfy.latent_formats
     import comfy.taesd.taesd
 
-    taesd = comfy.taesd.taesd.TAESD(latent_channels=4).eval()
+    fmt = getattr(comfy.latent_formats, latent_format)()
+    taesd = comfy.taesd.taesd.TAESD(latent_channels=fmt.latent_channels).eval()
     _init_all(taesd, seed, skip=("vae_scale", "vae_shift"))
-    fmt = comfy.latent_formats.SD15()
-    # The values ComfyUI's VAELoader gives its own taesd: raw latents are model latents / 0.18215.
+    # The values ComfyUI's VAELoader gives its own taesd/taef1: raw = model latent / scale + shift.
     taesd.vae_scale.fill_(fmt.scale_factor)
-    taesd.vae_shift.fill_(0.0)
+    taesd.vae_shift.fill_(getattr(fmt, "shift_factor", None) or 0.0)
 
-    to_rgb = torch.tensor(fmt.latent_rgb_factors).T  # [3, 4]: preview rgb in [-1, 1] from a latent
-    from_rgb = torch.linalg.pinv(to_rgb)  # [4, 3]: the smallest latent that previews as that rgb
-    texture_dir = torch.linalg.svd(to_rgb).Vh[3]  # the one latent direction the preview ignores
+    to_rgb = torch.tensor(fmt.latent_rgb_factors).T  # [3, C]: preview rgb in [-1, 1] from a latent
+    bias = torch.tensor(getattr(fmt, "latent_rgb_factors_bias", None) or [0.0, 0.0, 0.0])
+    from_rgb = torch.linalg.pinv(to_rgb)  # [C, 3]: the smallest latent that previews as that rgb
+    texture_dir = torch.linalg.svd(to_rgb).Vh[3]  # a latent direction the preview ignores
     texture_dir *= torch.sign(texture_dir[texture_dir.abs().argmax()])  # SVD's sign is arbitrary
 
     center = torch.zeros(3, 3)
@@ -217,7 +225,7 @@ def build_tiny_taesd(seed: int = 0) -> torch.nn.Module:
             _through(layer, avg2x2)  # the three stride-2 convs
     head = enc[14]
     head.weight.zero_()
-    head.bias.copy_(-from_rgb.sum(1))  # latent = from_rgb @ (2 * rgb - 1)
+    head.bias.copy_(-from_rgb.sum(1) - from_rgb @ bias)  # latent = from_rgb @ (2 * rgb - 1 - bias)
     head.weight[:, RGB, 1, 1] = 2 * from_rgb
     # Texture direction: a random projection of the random features, scaled to std 0.5 and
     # centred on smooth random colour fields (deterministic calibration images).
@@ -234,7 +242,7 @@ def build_tiny_taesd(seed: int = 0) -> torch.nn.Module:
     first = dec[1]
     first.weight[RGB] = 0
     first.weight[RGB, :, 1, 1] = to_rgb / 2
-    first.bias[RGB] = 0.5
+    first.bias[RGB] = 0.5 + bias / 2
     for layer in dec[2:19]:
         if isinstance(layer, blocks):
             layer.conv[4].weight[RGB] = 0
@@ -359,13 +367,17 @@ def _write_settings(path: str) -> None:
         _write_text(path, json.dumps(settings, indent=2))
 
 
-def write_demo_base(base_dir: str, seed: int = 0) -> dict:
+def write_demo_base(base_dir: str, seed: int = 0, extras: tuple[str, ...] = ()) -> dict:
     """Lay out models, the demo dataset and UI settings under a ComfyUI base directory.
 
     Files already written by the same CONTENT_VERSION and seed (per the stamp file) are kept.
     Returns {"unet", "vae", "clip"}: names as ComfyUI lists them; "dataset": the dataset's absolute
-    folder; "base_dir": the absolute base directory.
+    folder; "base_dir": the absolute base directory. extras: also the files of the "edit" (Flux
+    Kontext, 0.8 GB) and/or "video" (HunyuanVideo) example workflows (tools/tiny_families.py),
+    returned under those keys; files of extras written by an earlier call stay in the stamp.
     """
+    from . import tiny_families
+
     base = os.path.abspath(base_dir)
     dataset = os.path.join(base, "input", DATASET_DIR)
     n_images = 8
@@ -379,6 +391,12 @@ def write_demo_base(base_dir: str, seed: int = 0) -> dict:
         ([f"input/{DATASET_DIR}/{s}{ext}" for s in _dataset_stems(n_images) for ext in (".png", ".txt")],
          lambda: write_tiny_dataset(dataset, n=n_images, size=64, seed=seed)),
     ]
+    extra_groups = tiny_families.groups(base, seed)
+    unknown = sorted(set(extras) - set(extra_groups))
+    if unknown:
+        raise ValueError(f"write_demo_base extras {unknown}: choose from {sorted(extra_groups)}")
+    for name in extras:
+        groups += extra_groups[name]
     stamp_path = os.path.join(base, STAMP_FILE)
     want = {"content_version": CONTENT_VERSION, "seed": seed}
     stamp = {}
@@ -394,19 +412,24 @@ def write_demo_base(base_dir: str, seed: int = 0) -> dict:
     for rels, write in groups:
         if not all(current(rel) for rel in rels):
             write()
-    files = {rel: os.path.getsize(os.path.join(base, rel)) for rels, _ in groups for rel in rels}
-    _write_text(stamp_path, json.dumps({**want, "files": files}, indent=1))
+    files = {rel: size for rel, size in known.items() if current(rel)}  # other extras' files, still valid
+    files.update({rel: os.path.getsize(os.path.join(base, rel)) for rels, _ in groups for rel in rels})
+    _write_text(stamp_path, json.dumps({**want, "files": dict(sorted(files.items()))}, indent=1))
     _write_settings(os.path.join(base, "user", "default", "comfy.settings.json"))
-    return {"unet": UNET_FILE, "vae": VAE_FILE, "clip": CLIP_FILE, "dataset": dataset, "base_dir": base}
+    extra_names = tiny_families.names(base)
+    return {"unet": UNET_FILE, "vae": VAE_FILE, "clip": CLIP_FILE, "dataset": dataset, "base_dir": base,
+            **{name: extra_names[name] for name in extras}}
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="Write PipeTrain's tiny random-init demo assets.")
     parser.add_argument("base_dir", help="ComfyUI base directory to populate (for main.py --base-directory)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--extras", nargs="*", default=[], choices=["edit", "video"],
+                        help="also the files of these example workflows (edit: Flux Kontext, 0.8 GB; video: HunyuanVideo)")
     args = parser.parse_args(argv)
     start = time.perf_counter()
-    result = write_demo_base(args.base_dir, seed=args.seed)
+    result = write_demo_base(args.base_dir, seed=args.seed, extras=tuple(args.extras))
     print(json.dumps(result, indent=2))
     print(f"done in {time.perf_counter() - start:.1f} s", file=sys.stderr)
 

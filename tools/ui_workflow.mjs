@@ -7,6 +7,7 @@
 // Needs a running ComfyUI with this pack and the demo's tiny files (tools/tiny_assets.py),
 // Chromium and playwright-core (scripts/ui_deps.sh installs both).
 import fs from "node:fs";
+import path from "node:path";
 import { openBrowser, openComfy } from "./chromium.mjs";
 
 const [url, apiPath, outJson, outJpg] = process.argv.slice(2);
@@ -20,16 +21,18 @@ const api = JSON.parse(fs.readFileSync(apiPath, "utf8"));
 // The thumbnail shows the first THUMB_COLUMNS columns (training and its results): template cards are
 // nearly square, the whole graph is much wider than high.
 const THUMB_COLUMNS = 4;
+// The edit workflow's test input (23 LoadImage, 24 VAEEncode) and conditioning (25 ReferenceLatent,
+// 26 FluxGuidance) sit between the test prompts and the samplers.
 const COLUMNS = [["1", "2", "3"], ["4", "5", "6", "7"], ["8"], ["9", "19", "20"], ["21", "22"],
-  ["10", "11", "12"], ["13", "16"], ["14", "17"], ["15", "18"]];
+  ["10", "11", "12", "23", "24"], ["25", "26"], ["13", "16"], ["14", "17"], ["15", "18"]];
 
 const browser = await openBrowser({ width: 2400, height: 1400 });
 try {
   const { page } = browser;
   await openComfy(page, url);
   await page.evaluate(async (graph) => {
-    await window.app.loadApiJson(graph, "train_lora_then_test");
-  }, api);
+    await window.app.loadApiJson(graph.api, graph.name);
+  }, { api, name: path.basename(outJson, ".json") });
   await page.waitForTimeout(500);
   const box = await page.evaluate(({ columns, thumbColumns }) => {
     const graph = window.app.graph;

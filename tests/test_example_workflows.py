@@ -1,0 +1,107 @@
+"""The edit and video example workflows, run as shipped: their API twins (example_workflows/api/) go
+through POST /prompt to a real ComfyUI server, train a LoRA on the demo's random-init files
+(tools/tiny_families.py: a Flux Kontext and a HunyuanVideo that ComfyUI's own loaders detect), save
+it, and sample with and without it. The image workflow is tests/test_comfy_e2e.py's."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import requests
+
+from tools.comfy_server import PACK_NAME
+from tools.tiny_assets import write_demo_base
+
+pytestmark = pytest.mark.slow
+REPO = Path(__file__).resolve().parent.parent
+WORKFLOWS = REPO / "example_workflows"
+
+
+@pytest.fixture(scope="module")
+def assets(demo_base) -> dict:
+    """The demo base with the edit and video workflows' files added (the server lists new files)."""
+    return write_demo_base(demo_base["base_dir"], extras=("edit", "video"))
+
+
+def _workflow(name: str, files: dict, run_name: str, steps: int) -> dict:
+    """The API twin as shipped, with the test's absolute dataset folders, run name and step count."""
+    prompt = json.loads((WORKFLOWS / "api" / f"{name}_api.json").read_text(encoding="utf-8"))
+    by_type = {node["class_type"]: node["inputs"] for node in prompt.values()}
+    assert by_type["UNETLoader"]["unet_name"] == files["unet"] and by_type["VAELoader"]["vae_name"] == files["vae"]
+    by_type["PipeTrainLoadDataset"]["folders"] = files["dataset"]
+    by_type["PipeTrainTrainPipeline"].update(steps=steps, run_name=run_name)
+    by_type["PipeTrainSaveLoRA"].update(name=run_name, overwrite=True)
+    return prompt
+
+
+def _outputs(server, entry: dict, run_name: str, base: str) -> dict[str, Path]:
+    texts = [o["text"][0] for o in entry["outputs"].values() if o.get("text")]
+    assert f"saved pipetrain/{run_name}.safetensors" in texts, texts
+    assert (Path(base) / "models" / "loras" / "pipetrain" / f"{run_name}.safetensors").is_file()
+    saved = {Path(p).name.split("_0")[0]: Path(p) for p in server.image_paths(entry)}  # and the loss plot's preview
+    assert {"with_lora", "without_lora"} <= set(saved), list(saved)
+    return {name: saved[name] for name in ("with_lora", "without_lora")}
+
+
+def _cached_shapes(dataset: str) -> dict[str, list[int]]:
+    """Tensor shapes of the first item of the dataset's latent cache (CacheLatents' output)."""
+    from safetensors import safe_open
+
+    first = sorted(Path(dataset).glob(".pipetrain_cache/*/items/*.safetensors"))[0]
+    with safe_open(str(first), "pt") as f:
+        return {key: list(f.get_slice(key).get_shape()) for key in f.keys()}
+
+
+def test_edit_workflow_trains_and_the_lora_changes_the_edit(comfy_server, assets):
+    files = assets["edit"]
+    prompt = _workflow("train_edit_lora_then_test", files, "example_edit", steps=4)
+    by_type = {node["class_type"]: node["inputs"] for node in prompt.values()}
+    assert by_type["PipeTrainLoadDataset"]["control_folder"] == Path(files["control"]).name
+    assert by_type["LoadImage"]["image"] == files["image"]
+    entry = comfy_server.run(prompt, timeout=600)
+    images = _outputs(comfy_server, entry, "example_edit", assets["base_dir"])
+    # Trained as an edit model: each target's latent with its control image's as ReferenceLatent.
+    shapes = _cached_shapes(files["dataset"])
+    assert shapes["latent"] == shapes["cond.reference_latents.0"] == [16, 8, 8], shapes
+    assert images["with_lora"].read_bytes() != images["without_lora"].read_bytes(), "the LoRA did not change the edit"
+
+
+def test_video_workflow_trains_and_the_lora_changes_the_video(comfy_server, assets):
+    files = assets["video"]
+    prompt = _workflow("train_video_lora_then_test", files, "example_video", steps=6)
+    by_type = {node["class_type"]: node["inputs"] for node in prompt.values()}
+    assert by_type["PipeTrainLoadDataset"]["video_frames"] == files["frames"]
+    entry = comfy_server.run(prompt, timeout=600)
+    videos = _outputs(comfy_server, entry, "example_video", assets["base_dir"])
+    assert _cached_shapes(files["dataset"])["latent"] == [16, 2, 8, 8]  # 5 frames -> 2 latent frames of 8x8
+    from PIL import Image
+
+    for name, path in videos.items():  # animated WebPs with every decoded frame
+        with Image.open(path) as im:
+            assert getattr(im, "n_frames", 1) == files["frames"], name
+    assert videos["with_lora"].read_bytes() != videos["without_lora"].read_bytes(), "the LoRA did not change the video"
+
+
+def test_the_three_workflows_are_listed_in_the_template_browser(comfy_server):
+    # The template browser's list: GET /api/workflow_templates maps each custom node pack to the .json
+    # files directly in its example_workflows/ (the frontend shows <name>.jpg as the thumbnail).
+    listed = requests.get(comfy_server.url + "/api/workflow_templates", timeout=30).json()
+    names = listed.get(PACK_NAME, [])
+    expected = {"train_lora_then_test", "train_edit_lora_then_test", "train_video_lora_then_test"}
+    assert set(names) == expected, listed  # tests/test_package.py checks each against its API twin
+    for name in expected:
+        thumb = requests.get(f"{comfy_server.url}/api/workflow_templates/{PACK_NAME}/{name}.jpg", timeout=30)
+        assert thumb.status_code == 200 and thumb.content == (WORKFLOWS / f"{name}.jpg").read_bytes(), name
+
+
+def test_extra_files_are_kept_when_a_later_call_leaves_them_out(assets):
+    # demo_base (every test session) calls write_demo_base without extras: the 0.8 GB Flux file
+    # written for the edit workflow must stay valid in the stamp, not be rewritten next time.
+    base = assets["base_dir"]
+    files = [Path(base) / "models" / "diffusion_models" / assets[k]["unet"] for k in ("edit", "video")]
+    before = [f.stat().st_mtime_ns for f in files]
+    write_demo_base(base)
+    again = write_demo_base(base, extras=("edit", "video"))
+    assert [f.stat().st_mtime_ns for f in files] == before
+    assert again["edit"] == assets["edit"] and again["video"] == assets["video"]
