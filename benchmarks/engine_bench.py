@@ -7,6 +7,7 @@ work as on a real dataset; the model file is a random-init full-size file (model
 from __future__ import annotations
 
 import os
+import shutil
 import statistics
 import time
 from pathlib import Path
@@ -15,15 +16,15 @@ from typing import Any
 from model_shapes import Shape
 
 
-def write_cache(root: Path, shape: Shape, size: int, frames: int = 1, items: int = 16) -> str:
-    """A latent cache of `items` random samples at size x size (x frames); returns its folder."""
+def write_cache(root: Path, shape: Shape, size: int, frames: int = 1, items: int = 16, height: int = 0) -> str:
+    """A latent cache of `items` random samples at width size x height (default size; x frames); returns its folder."""
     import torch
     from PipeTrain.engine.cache_format import write_item, write_manifest
     from PipeTrain.engine.dataset import DatasetSpec, FolderSpec
 
-    latent = shape.latent(size, frames)
+    latent = shape.latent(size, frames, height)
     gen = torch.Generator().manual_seed(0)
-    cache = root / f"cache_{shape.family}_{size}x{frames}"
+    cache = root / f"cache_{shape.family}_{size}x{height or size}x{frames}"
     entries = []
     for i in range(items):
         extras: dict[str, Any] = dict(shape.extras)
@@ -48,7 +49,9 @@ def run_engine(name: str, model: str, cache: str, out: Path, *, gpus: int, steps
     from PipeTrain.engine.events import EventTail
 
     run_dir = out / name
-    run_dir.mkdir(parents=True, exist_ok=True)
+    if run_dir.exists():  # a fresh run: old events would be read as this run's
+        shutil.rmtree(run_dir)
+    run_dir.mkdir(parents=True)
     fields = dict(memory or {})
     cfg = RunConfig(run_name=name, run_dir=str(run_dir), comfyui_root=os.environ["COMFYUI_PATH"], model_path=model,
                     cache_dir=cache, lora=LoraSpec(rank=32, targets="all_linear"),

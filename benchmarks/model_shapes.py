@@ -27,11 +27,13 @@ class Shape:
     video: bool = False
     five_d: bool = False  # image models with a video-style [C, 1, H, W] latent (Qwen-Image's Wan VAE)
 
-    def latent(self, size: int, frames: int = 1) -> tuple[int, ...]:
-        """Latent shape of one sample at size x size (x frames for video models; 4x temporal, 8x spatial)."""
+    def latent(self, size: int, frames: int = 1, height: int = 0) -> tuple[int, ...]:
+        """Latent shape of one sample at width `size` x `height` (default size; x frames for video models;
+        4x temporal, 8x spatial)."""
+        h, w = (height or size) // 8, size // 8
         if self.video:
-            return (self.latent_channels, (frames - 1) // 4 + 1, size // 8, size // 8)
-        return (self.latent_channels, *((1,) if self.five_d else ()), size // 8, size // 8)
+            return (self.latent_channels, (frames - 1) // 4 + 1, h, w)
+        return (self.latent_channels, *((1,) if self.five_d else ()), h, w)
 
 
 SHAPES: dict[str, Shape] = {
@@ -67,6 +69,12 @@ SHAPES: dict[str, Shape] = {
                                         num_layers=4, window_size=(-1, -1), qk_norm=True, cross_attn_norm=True,
                                         eps=1e-6),
                       text_tokens=8, text_dim=4096, video=True),
+    # 8 blocks: enough layers (embedding, 8 blocks, head) for an 8-stage CPU dry run
+    "tiny_wan_8blocks": Shape("WAN21_T2V", dict(image_model="wan2.1", model_type="t2v", patch_size=(1, 2, 2),
+                                                in_dim=16, dim=128, ffn_dim=256, freq_dim=256, text_dim=4096, out_dim=16,
+                                                num_heads=1, num_layers=8, window_size=(-1, -1), qk_norm=True,
+                                                cross_attn_norm=True, eps=1e-6),
+                              text_tokens=8, text_dim=4096, video=True),
 }
 
 

@@ -38,17 +38,22 @@ def build_engine(cfg: RunConfig, model, objective: DiffusionObjective, optimizer
                           f"divisible by pipeline_stages ({stages}).")
     adapter = adapter_for(model)
     layers = [_BoundarySafe(layer) for layer in adapter.layers(model)]
-    parts = stage_bounds(cfg.memory.pipeline_split, stages, len(layers))
+    parts, cut = stage_bounds(cfg.memory.pipeline_split, stages, len(layers)), "memory.pipeline_split"
+    if parts is None:
+        parts, cut = default_bounds(adapter.partition, stages, len(layers)), _CUTS[adapter.partition]
     module = _split_pipeline_module()(parts, layers=layers, num_stages=stages,
                                       loss_fn=lambda out, labels: native_loss(out, *labels),
                                       partition_method="manual" if parts else adapter.partition)
     start, stop = module.parts[module.stage_id], module.parts[module.stage_id + 1]
-    print(f"pipeline stage {module.stage_id + 1}/{stages}: layers {start}-{stop - 1} of {len(layers)} "
-          f"({'memory.pipeline_split' if parts else _CUTS[adapter.partition]})", file=sys.stderr, flush=True)
+    print(f"pipeline stage {module.stage_id + 1}/{stages}: layers {start}-{stop - 1} of {len(layers)} ({cut})",
+          file=sys.stderr, flush=True)
     params = [p for p in module.parameters() if p.requires_grad]
     if not params:
-        raise ConfigError(f"pipeline stage {module.stage_id} holds no LoRA weights with these LoRA targets "
-                          f"({cfg.lora.targets}): use fewer pipeline_stages or the 'all_linear' targets.")
+        fixes = "move memory.pipeline_split so that every stage holds at least one block, or use fewer pipeline_stages"
+        if cfg.lora.targets != "all_linear":
+            fixes += ", or the 'all_linear' targets"
+        raise ConfigError(f"pipeline stage {module.stage_id + 1}/{stages} (layers {start}-{stop - 1} of {len(layers)}) "
+                          f"holds no LoRA weights with these LoRA targets ({cfg.lora.targets}): {fixes}.")
     # DeepSpeed's clip_grad_norm_ sums the squared norm over the stages of a replica but counts only
     # the first stage's own parameters unless they are marked model-parallel: without this, a
     # pipelined run clips by stage 1's norm alone, unlike a plain run (tests/test_pipeline_chroma.py).
@@ -83,6 +88,27 @@ def stage_bounds(split: str, stages: int, layer_count: int) -> list[int] | None:
                           f"embedding, 1..{layer_count - 2} = blocks, {layer_count - 1} = head), so every split point "
                           f"must be between 1 and {layer_count - 1}. Lower the indices or leave it empty.")
     return [0, *points, layer_count]
+
+
+def default_bounds(partition: str, stages: int, layer_count: int) -> list[int] | None:
+    """The adapter's own cut as DeepSpeed's `parts`, or None to let DeepSpeed cut by parameter count.
+
+    'uniform' is DeepSpeed's equal layer counts, unless that leaves a stage holding the embedding or
+    the head alone (10 layers on 8 stages: the head would be stage 8's only layer, with no LoRA to
+    train); then the blocks are shared out equally and the embedding and head join the first and
+    last stage."""
+    if partition != "uniform":
+        return None
+    from deepspeed.runtime.utils import partition_uniform
+
+    parts = list(partition_uniform(layer_count, stages))
+    blocks = layer_count - 2  # layer 0 embeds, the last is the head
+    if all(stop - start > 1 or 1 <= start <= blocks for start, stop in zip(parts, parts[1:])):
+        return parts
+    if blocks < stages:
+        raise ConfigError(f"pipeline_stages is {stages} but this model has only {blocks} blocks to share out: use at "
+                          f"most {blocks} stages.")
+    return [0, *[1 + i * blocks // stages for i in range(1, stages)], layer_count]
 
 
 def _split_pipeline_module():
