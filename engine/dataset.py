@@ -39,7 +39,7 @@ from .dataset_messages import examples as _examples
 from .dataset_messages import no_images_message as _no_images_message
 from .dataset_pairs import PairedFile, Pairing, pair_signature
 from .image_io import (IMAGE_EXTENSIONS, PREPROCESS_VERSION, UNSUPPORTED_IMAGE_FORMATS, VIDEO_EXTENSIONS,  # noqa: F401
-                       FolderListing, ImageReadError, caption_name, list_folder, load_image,
+                       MAX_CAPTION_CHARS, FolderListing, ImageReadError, caption_name, list_folder, load_image,
                        probe_image, read_caption)
 from .video_io import VideoReadError, needed_frames, probe_video
 
@@ -308,6 +308,10 @@ def scan_dataset(spec: DatasetSpec) -> ScanResult:
                 unreadable.append(UnreadableFile(path, f"{path} cannot be read ({e.strerror}): check the file"))
                 continue
             frames = getattr(info, "frames", 0)  # VideoInfo only
+            if spec.video_frames and getattr(info, "animated", False):
+                # with video_frames set its motion is expected to train; only video files give it
+                report["animated_video"].append(path)
+                continue
             if frames and frames < needed_frames(spec.video_frames, spec.frame_stride):
                 report["short"].append(f"{path} ({frames} frames)")
                 continue
@@ -331,11 +335,18 @@ def scan_dataset(spec: DatasetSpec) -> ScanResult:
                 report["missing"].append(path)
             items.append(dataclasses.replace(item, caption=caption))
         report["shared_caption"] += [f"{join(c)} <- {', '.join(names)}" for c, names in users.items() if len(names) > 1]
+        # a caption no file of the folder claims (skipped files keep theirs): usually a naming mistake
+        claimed = {caption_name(listing, n, spec.caption_ext)
+                   for n in listing.images + listing.videos + listing.unsupported + listing.hidden}
+        report["caption_unused"] += [join(n) for names in listing.by_casefold.values() for n in names
+                                     if n.lower().endswith(spec.caption_ext.lower()) and not n.startswith(".")
+                                     and n not in claimed]
         subfolder_warnings += _subfolder_warnings(folder.path, listing, (spec.mask_folder, spec.control_folder))
     pairing.finish()
     report["unreadable"] = [u.reason for u in unreadable]
     report["videos"] = videos
     fill = {"ext": spec.caption_ext, "res": spec.resolution, "limit": (Image.MAX_IMAGE_PIXELS or 0) // 1_000_000,
+            "max_caption": MAX_CAPTION_CHARS,
             "need": needed_frames(spec.video_frames, spec.frame_stride)}
     warnings = [template.format(n=len(report[kind]), examples=_examples(report[kind]), **fill)
                 for kind, template in _WARNINGS if report[kind]]
@@ -391,9 +402,15 @@ def validate(spec: DatasetSpec) -> ScanResult:
         raise DatasetError("no image of the dataset has a usable control image / mask, so there is nothing to train "
                            "on: " + " ".join(w for w in result.warnings if "mask" in w or "control" in w))
     if not result.items:
+        # other reasons than unreadable files: short videos, animated images in a video dataset, videos...
+        skipped = [w for w in result.warnings if ("skipped" in w or "video" in w) and "cannot be read and are" not in w]
+        if skipped:
+            unreadable = [f"{len(result.unreadable)} file(s) cannot be read: "
+                          f"{_examples([u.reason for u in result.unreadable])}."] if result.unreadable else []
+            raise DatasetError("no file of the dataset can be trained on, every one is skipped: " +
+                               " ".join(skipped + unreadable))
         raise DatasetError(f"none of the dataset's {len(result.unreadable)} image file(s) can be read, so there is "
-                           "nothing to train on: " + _examples([u.reason for u in result.unreadable]
-                                                               + [w for w in result.warnings if "video" in w]) + ".")
+                           "nothing to train on: " + _examples([u.reason for u in result.unreadable]) + ".")
     return result
 
 

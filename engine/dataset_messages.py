@@ -18,7 +18,7 @@ class DatasetError(ValueError):
 
 # Grouped warnings, in this order: (kind, template with {n} and {examples}).
 WARNINGS = (
-    ("unreadable", "{n} image(s) cannot be read and are skipped: {examples}"),
+    ("unreadable", "{n} file(s) cannot be read and are skipped: {examples}"),
     ("videos", "{n} video file(s) are skipped: set LoadDataset's 'video_frames' (e.g. 17 for Wan) to train on "
                "them: {examples}"),
     ("short", "{n} video(s) are shorter than one clip ({need} frames for video_frames x frame_stride) and are "
@@ -29,12 +29,18 @@ WARNINGS = (
     ("missing", "{n} image(s) have no caption file ({ext}); they train with the empty caption: {examples}"),
     ("caption_unreadable", "{n} caption file(s) cannot be read; their images train with the empty caption: "
                            "{examples}"),
+    ("caption_long", "{n} caption file(s) are longer than {max_caption} characters (a log or document saved under "
+                     "an image's name?); only their first {max_caption} characters are used, which is far more than "
+                     "any text encoder reads: shorten them: {examples}"),
     ("empty_caption", "{n} caption file(s) are empty; their images train with the empty caption: {examples}"),
     ("not_utf8", "{n} caption file(s) are not UTF-8 and were read as Windows-1252/Latin-1; check that accents look "
                  "right, then save them as UTF-8: {examples}"),
     ("utf16_no_bom", "{n} caption file(s) look like UTF-16 without a byte-order mark and were read as such; save "
                      "them as UTF-8: {examples}"),
-    ("caption_case", "{n} caption file(s) match their image only when ignoring upper/lower case and are used: "
+    ("caption_unused", "{n} caption file(s) ({ext}) match no image and are unused (the caption of a.png is a{ext}); "
+                       "check the names: {examples}"),
+    ("caption_case", "{n} caption file(s) match their image only when ignoring upper/lower case (or accents stored "
+                     "differently, as macOS does) and are used: "
                      "{examples}"),
     ("shared_caption", "{n} caption file(s) are shared by images with the same name and different extensions; every "
                        "one of those images trains with it (give each its own name and caption if they differ): "
@@ -42,14 +48,20 @@ WARNINGS = (
     ("animated", "{n} animated image(s): only the first frame is trained (save them as MP4/WebM and set "
                  "video_frames to train on motion): "
                  "{examples}"),
-    ("small", "{n} image(s) are smaller than the resolution ({res}) on their shorter side and are upscaled, which "
+    ("animated_video", "{n} animated image(s) are skipped because video_frames is set: PipeTrain reads motion only "
+                       "from video files (MP4, WebM, MOV, MKV...). Convert them (e.g. ffmpeg -i a.gif a.mp4), or set "
+                       "video_frames to 0 to train their first frame as a still image: {examples}"),
+    ("small", "{n} file(s) are smaller than the resolution ({res}) on their shorter side and are upscaled, which "
               "looks blurry to the model; use larger images or a lower resolution: {examples}"),
-    ("aspect", "{n} image(s) are more than 3 times wider than tall (or taller than wide) for their bucket; only the "
+    ("aspect", "{n} file(s) are more than 3 times wider than tall (or taller than wide) for their bucket; only the "
                "center part of that shape is trained, so crop them yourself to choose what is kept, or add aspect "
                "ratios: {examples}"),
     # mask_folder / control_folder (engine/dataset_pairs.py)
     ("mask_missing", "{n} image(s) have no mask in mask_folder (the mask of a.png is a.<any image extension>); they "
                      "train unmasked: {examples}"),
+    ("mask_video", "{n} mask(s) are video files, which are not read as masks, so their items are skipped: a video's "
+                   "mask is one still image (PNG) applied to every frame; replace the video mask by an image with the "
+                   "same name, or delete it to train unmasked: {examples}"),
     ("mask_resized", "{n} mask(s) differ in size from their image and are stretched to the image's size before its "
                      "crop; check that they still line up: {examples}"),
     ("mask_unreadable", "{n} mask(s) cannot be read, so their images are skipped (training them unmasked would train "

@@ -9,6 +9,9 @@ Policies (every case is listed by file name in the scan's warnings, engine/datas
 - no mask for an image: it trains unmasked.
 - a mask whose size differs from its image: stretched to the image's size, then cropped and
   resized exactly like the image, so a mask of the same shape always lines up.
+- a video's mask is one still image, applied to every frame of the clip (cached as [1, 1, h, w]
+  and broadcast over the latent frames); a video file in mask_folder is not a mask: its item is
+  skipped and listed, like an unreadable mask.
 - an unreadable or empty mask: the image is skipped. Training it unmasked would train exactly
   what the mask was meant to hide; deleting the mask file is the way to train it unmasked.
 - with a control folder, an image without a readable control image is skipped (an edit pair
@@ -37,7 +40,7 @@ from PIL import Image, ImageOps
 
 from .dataset_messages import DatasetError
 from .image_io import (_HIGH_BIT_MODES, ImageReadError, _check_file, _high_bit_to_float, _resize_crop,
-                       describe_error, list_folder, probe_image)
+                       describe_error, list_folder, name_key, probe_image)
 
 # Bump when load_mask's output for the same file changes: it is part of the cache fingerprint.
 MASK_VERSION = 1
@@ -67,19 +70,25 @@ class _Folder:
                                f"running ComfyUI, or fix LoadDataset's '{setting}'.") from None
         self.by_stem: dict[str, list[str]] = {}
         for name in listing.images:
-            self.by_stem.setdefault(os.path.splitext(name)[0].casefold(), []).append(name)
+            self.by_stem.setdefault(name_key(os.path.splitext(name)[0]), []).append(name)
+        # videos are never masks or control images; kept to say so instead of "no mask"
+        self.videos = {name_key(os.path.splitext(n)[0]): os.path.join(folder, n) for n in listing.videos}
         self.used: set[str] = set()
 
     def find(self, image_path: str) -> tuple[str | None, int]:
         """(path of the paired file or None, how many candidates had the name)."""
         stem = os.path.splitext(os.path.basename(image_path))[0]
-        names = self.by_stem.get(stem.casefold(), [])
+        names = self.by_stem.get(name_key(stem), [])
         exact = [n for n in names if os.path.splitext(n)[0] == stem]
         chosen = (exact or names or [None])[0]
         if chosen is None:
             return None, 0
-        self.used.add(stem.casefold())
+        self.used.add(name_key(stem))
         return os.path.join(self.folder, chosen), len(exact or names)
+
+    def video_for(self, image_path: str) -> str | None:
+        """A video in this folder named like the item (which cannot serve as its mask), or None."""
+        return self.videos.get(name_key(os.path.splitext(os.path.basename(image_path))[0]))
 
     def unused(self) -> list[str]:
         return [os.path.join(self.folder, n) for stem, names in self.by_stem.items() if stem not in self.used
@@ -110,6 +119,10 @@ class Pairing:
                 return None
         if self.masks is not None:
             path, found = self.masks.find(item.path)
+            if path is None and self.masks.video_for(item.path):
+                self.report["mask_video"].append(f"{self.masks.video_for(item.path)} (for {item.path})")
+                self.counts["mask_skipped"] += 1
+                return None
             if path is None:
                 self.report["mask_missing"].append(item.path)
             else:
@@ -133,6 +146,10 @@ class Pairing:
 
     def _control(self, item) -> PairedFile | None:
         path, found = self.controls.find(item.path)
+        if path is None and self.controls.video_for(item.path):
+            self.report["control_unreadable"].append(f"{self.controls.video_for(item.path)} is a video (for {item.path}); "
+                                                     "a control image must be a still image")
+            return None
         if path is None:
             self.report["control_missing"].append(item.path)
             return None

@@ -26,6 +26,7 @@ import codecs
 import os
 import re
 import stat
+import unicodedata
 import warnings
 from dataclasses import dataclass, field
 
@@ -57,10 +58,19 @@ UNSUPPORTED_IMAGE_FORMATS = {
     ".nef": f"camera RAW files are not read: develop and {_CONVERT}",
     ".arw": f"camera RAW files are not read: develop and {_CONVERT}",
     **({} if _AVIF else {".avif": f"this Pillow was built without AVIF support: {_CONVERT} or update Pillow"}),
+    # image formats Pillow may read but PipeTrain does not list: reported instead of ignored silently
+    **{ext: f"{ext} images are not read by PipeTrain: {_CONVERT}" for ext in (
+        ".tga", ".ppm", ".pgm", ".pbm", ".pnm", ".jp2", ".j2k", ".jpx", ".ico", ".dds", ".pcx", ".jxr", ".jpe",
+        ".xcf", ".raw")},
 }
 _HIGH_BIT_MODES = ("I;16", "I;16L", "I;16B", "I;16N", "I", "F")  # all single-channel in Pillow
 _ROTATED_ORIENTATIONS = (5, 6, 7, 8)  # EXIF orientations that swap width and height
 _JPEG_TAIL = 64 * 1024  # a whole JPEG ends with FFD9 (end of image); metadata trailers may follow
+# Caption files are read up to this many bytes and their text cut to MAX_CAPTION_CHARS: text encoders
+# use a few hundred tokens at most, and a log or a book saved under an image's name would otherwise
+# be tokenized whole (a 1 MB caption took minutes and 10 GB of memory in CacheLatents).
+MAX_CAPTION_CHARS = 20_000
+_CAPTION_READ_BYTES = 4 * MAX_CAPTION_CHARS + 4
 
 
 class ImageReadError(ValueError):
@@ -109,6 +119,17 @@ def _sniff(path: str) -> str | None:
     return None
 
 
+def _riff_cut_off(path: str) -> bool:
+    """A WebP (RIFF) file shorter than its header says: Pillow only reports a decoder failure."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(12)
+            size = os.fstat(f.fileno()).st_size
+    except OSError:
+        return False
+    return head[:4] == b"RIFF" and head[8:12] == b"WEBP" and int.from_bytes(head[4:8], "little") + 8 > size
+
+
 def describe_error(path: str, exc: BaseException) -> str:
     """Turn whatever Pillow or the OS raised for `path` into a message that says what to do."""
     ext = os.path.splitext(path)[1].lower() or "(no extension)"
@@ -127,7 +148,7 @@ def describe_error(path: str, exc: BaseException) -> str:
         return (f"{path} is not an image Pillow can read (the content does not match the {ext} name, or the format "
                 "is unknown): re-export it as PNG or JPEG, or remove it")
     text = str(exc)
-    if "truncated" in text.lower() or isinstance(exc, EOFError):
+    if "truncated" in text.lower() or isinstance(exc, EOFError) or _riff_cut_off(path):
         return (f"{path} is cut off (truncated: {text or type(exc).__name__}): copy it again from the original "
                 "or re-export it")
     if isinstance(exc, MemoryError):
@@ -210,7 +231,7 @@ class FolderListing:
     unsupported: list[str] = field(default_factory=list)
     hidden: list[str] = field(default_factory=list)  # hidden images/videos (macOS '._' companions excluded)
     subfolders: list[str] = field(default_factory=list)
-    by_casefold: dict[str, list[str]] = field(default_factory=dict)  # every name, for caption lookup
+    by_casefold: dict[str, list[str]] = field(default_factory=dict)  # every name by name_key, for caption lookup
 
 
 def list_folder(folder: str) -> FolderListing:
@@ -219,7 +240,7 @@ def list_folder(folder: str) -> FolderListing:
     names = sorted(os.listdir(folder), key=lambda n: (n.casefold(), n))
     out = FolderListing()
     for name in names:
-        out.by_casefold.setdefault(name.casefold(), []).append(name)
+        out.by_casefold.setdefault(name_key(name), []).append(name)
         ext = os.path.splitext(name)[1].lower()
         if name.startswith("."):
             if ext in IMAGE_EXTENSIONS + VIDEO_EXTENSIONS and not name.startswith("._"):
@@ -235,10 +256,17 @@ def list_folder(folder: str) -> FolderListing:
     return out
 
 
+def name_key(name: str) -> str:
+    """A file name for matching: case-folded and in Unicode NFC, so 'café' typed on macOS (NFD,
+    decomposed accents) finds 'café' written on Linux or Windows (NFC)."""
+    return unicodedata.normalize("NFC", name).casefold()
+
+
 def caption_name(listing: FolderListing, image_name: str, caption_ext: str) -> str | None:
-    """The caption file's name: exact, else the one name equal ignoring case (A.TXT from Windows)."""
+    """The caption file's name: exact, else the one name equal ignoring case (A.TXT from Windows)
+    and Unicode normalization (NFC/NFD)."""
     wanted = os.path.splitext(image_name)[0] + caption_ext
-    matches = listing.by_casefold.get(wanted.casefold(), [])
+    matches = listing.by_casefold.get(name_key(wanted), [])
     if wanted in matches:
         return wanted
     return matches[0] if len(matches) == 1 else None
@@ -344,8 +372,10 @@ def decode_caption(raw: bytes) -> tuple[str, str | None]:
     for bom, encoding in _BOMS:
         if raw.startswith(bom):
             return raw.decode(encoding, errors="replace").strip(), None
-    if raw and b"\x00" in raw and len(raw) % 2 == 0:
-        odd_zeros = raw[1::2].count(0) > len(raw) // 4
+    half = len(raw) // 2
+    if raw and len(raw) % 2 == 0 and max(raw[1::2].count(0), raw[::2].count(0)) >= 0.75 * half:
+        # mostly-Latin UTF-16: one byte of (nearly) every pair is zero; a stray NUL in UTF-8 text is not that
+        odd_zeros = raw[1::2].count(0) >= raw[::2].count(0)
         return raw.decode("utf-16-le" if odd_zeros else "utf-16-be", errors="replace").strip(), "utf16_no_bom"
     try:
         return raw.decode("utf-8").strip(), None
@@ -361,10 +391,13 @@ def read_caption(path: str) -> tuple[str, str | None, str]:
     """A caption file's text, the warning kind when something was off, and the example to list."""
     try:
         with open(path, "rb") as f:
-            raw = f.read()
+            raw = f.read(_CAPTION_READ_BYTES)
     except IsADirectoryError:
         return "", "caption_unreadable", f"{path} is a folder, not a text file: rename or remove it"
     except OSError as e:
         return "", "caption_unreadable", f"{path} ({e.strerror}): make it a readable UTF-8 text file"
     text, kind = decode_caption(raw)
+    text = text.replace("\x00", "")  # NUL bytes: never meant as text, and tokenizers choke on them
+    if len(text) > MAX_CAPTION_CHARS or len(raw) == _CAPTION_READ_BYTES:
+        return text[:MAX_CAPTION_CHARS], "caption_long", f"{path} ({text[:40]!r}...)"
     return text, kind, f"{path} ({text[:40]!r})"

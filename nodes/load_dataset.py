@@ -49,7 +49,8 @@ _MULTIPLE_TOOLTIP = (
 _FRAMES_TOOLTIP = (
     "Frames per video clip; 0 skips videos. Use the count your video model needs: 4k+1 (17, 33, 49, 81) for Wan and "
     "HunyuanVideo, 8k+1 (25, 49, 97) for LTXV. Each video trains on one clip from its start; videos shorter than "
-    "a clip are skipped and listed. Needs the video model's VAE in CacheLatents.")
+    "a clip are skipped and listed. A phone video's rotation is applied; animated GIF/WebP files are skipped (convert them "
+    "to MP4). Needs the video model's VAE in CacheLatents.")
 _STRIDE_TOOLTIP = ("Take every N-th frame of the video (2 halves a 30 fps video to 15 fps, so a clip spans twice the "
                    "time). Only matters with video_frames.")
 

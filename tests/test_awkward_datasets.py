@@ -194,7 +194,7 @@ def test_small_extreme_and_one_pixel_images_are_upscaled_and_reported(tmp_path, 
     solid_png(tmp_path / "ok.png", size=(RES, RES))
     load(str(tmp_path))
     warned = logs()
-    assert "4 image(s) are smaller than the resolution (64)" in warned and "upscaled" in warned
+    assert "4 file(s) are smaller than the resolution (64)" in warned and "upscaled" in warned
     assert "small.png (20x30)" in warned and "dot.png (1x1)" in warned
     assert "more than 3 times wider than tall" in warned and "wide.png (4000x16, 0.4% of the picture kept)" in warned
     # the center square is cut before resizing: a 100000x1 strip at 1024 px is one 1x1 crop, not 51 G pixels
@@ -262,7 +262,7 @@ def test_broken_files_are_skipped_by_name(tmp_path, encoders, logs):
     spec = load(str(tmp_path))
     assert names(spec) == ["damaged_pixels.png", "good.png"]
     warned = logs()
-    assert "10 image(s) cannot be read and are skipped" in warned and "... and 5 more" in warned
+    assert "10 file(s) cannot be read and are skipped" in warned and "... and 5 more" in warned
     reasons = " ".join(u.reason for u in ds.scan_dataset(spec).unreadable)  # the warning shows the first 5
     for needle in ["zero.png is empty (0 bytes): copy it again",
                    "trunc.png is cut off", "trunc.jpg is cut off", "trunc.gif is cut off",
@@ -487,6 +487,10 @@ def test_server_trains_on_a_mixed_dataset_and_names_the_file_when_all_are_broken
     (mixed / "noise.jpg").write_bytes(os.urandom(500))
     (mixed / "damaged_pixels.png").write_bytes(png_bytes(RES, RES, 8, 2, idat=b"\x78\x9c" + os.urandom(300)))
     write_video(mixed / "clip.mp4")
+    Image.new("RGB", (RES, RES)).save(mixed / "scan.tga")  # issue 3 additions (tests/test_awkward_media.py)
+    (mixed / "typo_caption.txt").write_text("matches no image")
+    first = sorted(p for p in mixed.iterdir() if p.suffix == ".png" and p.stat().st_size)[0]
+    first.with_suffix(".txt").write_text("word " * 100_000)  # cut to MAX_CAPTION_CHARS, not a stall
     prompt = demo_prompt(demo_base, steps=1, processes=1, run_name="awkward")
     prompt = {k: v for k, v in prompt.items() if k in {"1", "2", "3", "4", "5", "6", "7", "8"}}  # up to TrainPipeline
     by_type = {n["class_type"]: n["inputs"] for n in prompt.values()}
@@ -497,6 +501,8 @@ def test_server_trains_on_a_mixed_dataset_and_names_the_file_when_all_are_broken
     log = comfy_server.log_text()
     assert "empty.png is empty (0 bytes)" in log and "1 video file(s) are skipped" in log
     assert "damaged_pixels.png is damaged or unsupported" in log
+    assert "scan.tga (.tga images are not read by PipeTrain" in log and "typo_caption.txt" in log
+    assert "1 caption file(s) are longer than 20000 characters" in log
 
     broken = tmp_path / "broken"
     broken.mkdir()
