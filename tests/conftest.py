@@ -45,6 +45,14 @@ def comfy_root() -> str:
 
 
 @pytest.fixture(scope="session")
+def comfy(comfy_root):
+    """ComfyUI importable as `comfy` (engine.comfy_bootstrap.import_comfy); a test file may define its own."""
+    from engine.comfy_bootstrap import import_comfy
+
+    import_comfy(comfy_root)
+
+
+@pytest.fixture(scope="session")
 def demo_base(comfy_root, tmp_path_factory) -> dict:
     """A ComfyUI base dir with the tiny UNet/VAE/CLIP and the 8-image demo dataset.
 

@@ -11,19 +11,13 @@ from __future__ import annotations
 import family_configs as fc
 import pytest
 import torch
-from engine_runs import loss_and_lora_grads, trainable_lora
-from PipeTrain.engine.config import ConfigError, LoraSpec
+from adapter_checks import (assert_layers_equal_reference, assert_only_adapter, assert_refused, assert_same_lora_grads,
+                            lora_grads, run_layers, with_lora)
+from PipeTrain.engine.config import ConfigError
 
 _FAMILIES = {f.name: f for f in fc.FAMILIES if f.name in ("cosmos_predict2", "cosmos1")}
 _ADAPTER = {"cosmos_predict2": "cosmos_predict2", "cosmos1": "cosmos"}
 _I2V_CLASS = {"cosmos_predict2": "CosmosI2VPredict2", "cosmos1": "CosmosI2V"}
-
-
-@pytest.fixture(scope="module")
-def comfy(comfy_root):
-    from PipeTrain.engine.comfy_bootstrap import import_comfy
-
-    import_comfy(comfy_root)
 
 
 def _model(family: str, i2v: bool = False, **config):
@@ -56,25 +50,6 @@ def _prepare(model, batch: int = 2, latent=(16, 3, 8, 6), fps=None, i2v: bool = 
     return DiffusionObjective(model, seed=3).prepare(latents, conds, list(range(batch)))
 
 
-def _reference(model, prepared):
-    from PipeTrain.engine.objective import transformer_options
-
-    return model.apply_model(prepared.xt, prepared.sigma, transformer_options=transformer_options(prepared.sigma),
-                             **prepared.kwargs)
-
-
-def _run_layers(model, prepared):
-    from PipeTrain.engine.models import adapter_for
-
-    adapter = adapter_for(model)
-    acts = tuple(t.contiguous() for t in adapter.first_stage_inputs(prepared))  # as engine/pipeline.py feeds them
-    for layer in adapter.layers(model):
-        acts = layer(acts)
-        # DeepSpeed sends every tensor a stage returns with torch.distributed, which needs contiguous ones.
-        assert all(t.is_contiguous() for t in (acts if isinstance(acts, tuple) else (acts,))), type(layer)
-    return acts
-
-
 CASES = {
     "predict2-image": ("cosmos_predict2", dict(), dict(latent=(16, 1, 8, 6))),
     "predict2-video-one-item": ("cosmos_predict2", dict(), dict(batch=1)),
@@ -100,10 +75,7 @@ def test_stage_layers_equal_comfyui_forward(comfy, case):
     prepared = _prepare(model, **cond_kw)
     if model_kw.get("i2v"):
         assert "c_concat" in prepared.kwargs
-    with torch.no_grad():
-        reference = _reference(model, prepared)
-        acts = _run_layers(model, prepared)
-    assert torch.equal(acts, reference)
+    assert_layers_equal_reference(model, prepared, _ADAPTER[family])
 
 
 @pytest.mark.parametrize("family, model_kw", [("cosmos_predict2", dict(rope_enable_fps_modulation=True)),
@@ -112,7 +84,7 @@ def test_frame_rate_reaches_the_output(comfy, family, model_kw):
     """The carried frame rate changes the prediction of a model whose rope it scales."""
     model = _model(family, **model_kw)
     with torch.no_grad():
-        a, b = (_run_layers(model, _prepare(model, fps=fps)) for fps in (24.0, 12.0))
+        a, b = (run_layers(model, _prepare(model, fps=fps)) for fps in (24.0, 12.0))
     assert (a - b).abs().max() > 1e-5
 
 
@@ -122,7 +94,7 @@ def test_predict2_noise_mask_reaches_the_output(comfy):
     with_mask, without = _prepare(model, i2v=True), _prepare(model, i2v=True)
     without.kwargs.pop("denoise_mask")
     with torch.no_grad():
-        assert (_run_layers(model, with_mask) - _run_layers(model, without)).abs().max() > 1e-5
+        assert (run_layers(model, with_mask) - run_layers(model, without)).abs().max() > 1e-5
 
 
 @pytest.mark.parametrize("family", list(_FAMILIES))
@@ -130,41 +102,22 @@ def test_predict2_noise_mask_reaches_the_output(comfy):
 def test_stage_layers_give_comfyui_lora_gradients(comfy, family, checkpointing):
     """With a LoRA on every block linear, backward through the layers (with or without per-block
     activation checkpointing) gives apply_model's loss and LoRA gradients."""
-    from PipeTrain.engine.checkpointing import enable_checkpointing
-    from PipeTrain.engine.lora import inject_lora
-
     model = _model(family, num_blocks=3)
-    targets = inject_lora(model.diffusion_model, LoraSpec(rank=4, targets="all_linear"))
+    targets, lora = with_lora(model)
     assert sum(t.startswith("blocks.") for t in targets) >= 3 * 6
-    lora = trainable_lora(model)
     prepared = _prepare(model, fps=24.0)
-    ref_loss, ref = loss_and_lora_grads(model, prepared, lora, lambda: _reference(model, prepared))
-    if checkpointing == "on":
-        enable_checkpointing(model.diffusion_model, "on")
-    loss, got = loss_and_lora_grads(model, prepared, lora, lambda: _run_layers(model, prepared))
-    if family == "cosmos_predict2":
-        assert torch.equal(loss, ref_loss)
-    else:  # Cosmos 1.0 hands its stages contiguous THWBD tensors (DeepSpeed sends only contiguous ones) where
-        # ComfyUI keeps a permuted view; the LoRA matmuls then round differently in the last bit (the
-        # forward without a LoRA is still bit for bit equal: test_stage_layers_equal_comfyui_forward).
-        torch.testing.assert_close(loss, ref_loss, rtol=1e-6, atol=0)
-    assert got.keys() == ref.keys() and all(g.abs().sum() > 0 for g in ref.values())
-    for n in ref:
-        torch.testing.assert_close(got[n], ref[n], msg=n)
+    want, got = lora_grads(model, prepared, lora, _ADAPTER[family], checkpointing=checkpointing)
+    # The loss is bit for bit equal for Cosmos-Predict2. Cosmos 1.0 hands its stages contiguous THWBD
+    # tensors (DeepSpeed sends only contiguous ones) where ComfyUI keeps a permuted view; the LoRA
+    # matmuls then round differently in the last bit (the forward without a LoRA is still bit for bit
+    # equal: test_stage_layers_equal_comfyui_forward), hence rtol 1e-6 there.
+    assert_same_lora_grads(want, got, loss_rtol=None if family == "cosmos_predict2" else 1e-6)
 
 
 def test_unsupported_cosmos_inputs_are_refused(comfy):
-    from PipeTrain.engine.models import adapter_for
-
     model = _model("cosmos_predict2")
-    prepared = _prepare(model, batch=1)
-    prepared.kwargs["padding_mask"] = torch.zeros(1, 1, 8, 6)
-    with pytest.raises(ConfigError, match="padding_mask"):
-        adapter_for(model).first_stage_inputs(prepared)
-    prepared = _prepare(model, batch=1)
-    prepared.kwargs["fps"] = torch.tensor([24.0])
-    with pytest.raises(ConfigError, match="fps"):
-        adapter_for(model).first_stage_inputs(prepared)
+    assert_refused(model, _prepare(model, batch=1), "padding_mask", padding_mask=torch.zeros(1, 1, 8, 6))
+    assert_refused(model, _prepare(model, batch=1), "fps", fps=torch.tensor([24.0]))
 
 
 def test_cosmos1_variants_outside_the_released_configs_are_refused(comfy):
@@ -179,19 +132,10 @@ def test_cosmos1_variants_outside_the_released_configs_are_refused(comfy):
     model = _model("cosmos1")
     prepared = _prepare(model, batch=1, i2v=True)
     assert "denoise_mask" not in prepared.kwargs  # CosmosVideo does not take it; the c_concat-free model neither
-    prepared.kwargs["latent_condition"] = torch.zeros(1)
-    with pytest.raises(ConfigError, match="latent_condition"):
-        adapter_for(model).first_stage_inputs(prepared)
+    assert_refused(model, prepared, "latent_condition", latent_condition=torch.zeros(1))
 
 
 @pytest.mark.parametrize("family", list(_FAMILIES))
 def test_adapter_for_picks_its_cosmos_adapter(comfy, family):
-    from PipeTrain.engine.models import ADAPTERS, adapter_for
-
-    for i2v in (False, True):
-        model = _model(family, i2v=i2v)
-        assert adapter_for(model).name == _ADAPTER[family]
-        assert [n for n, a in ADAPTERS.items() if a.matches(model)] == [_ADAPTER[family]]
-    for other in fc.FAMILIES:  # every other family's tiny model (ComfyUI's own classes)
-        if other.name != family:
-            assert not ADAPTERS[_ADAPTER[family]].matches(fc.build(other)), other.name
+    assert_only_adapter([_model(family, i2v=i2v) for i2v in (False, True)], _ADAPTER[family],
+                        (other for other in fc.FAMILIES if other.name != family))

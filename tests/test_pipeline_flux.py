@@ -10,17 +10,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from engine_runs import loss_and_lora_grads, trainable_lora
+from adapter_checks import assert_layers_equal_reference, assert_refused, assert_same_lora_grads, lora_grads, with_lora
 
 import tiny_flux
-from PipeTrain.engine.config import ConfigError, LoraSpec
-
-
-@pytest.fixture(scope="module")
-def comfy(comfy_root):
-    from PipeTrain.engine.comfy_bootstrap import import_comfy
-
-    import_comfy(comfy_root)
+from PipeTrain.engine.config import ConfigError
 
 
 def _model(guidance_embed=True):
@@ -39,15 +32,9 @@ def _prepare(model, **cond_args):
     return DiffusionObjective(model, seed=3).prepare(latents, conds, [0, 1])
 
 
-def _run_layers(model, prepared):
-    from PipeTrain.engine.models import adapter_for
-
-    adapter = adapter_for(model)
-    assert adapter.name == "flux"
-    acts = adapter.first_stage_inputs(prepared)
-    for layer in adapter.layers(model):
-        acts = layer(acts)
-    return acts
+def _reference(model, prepared):
+    """ComfyUI's prediction with empty transformer_options: flux.py's blocks get no sigmas either."""
+    return model.apply_model(prepared.xt, prepared.sigma, transformer_options={}, **prepared.kwargs)
 
 
 CASES = {
@@ -69,34 +56,20 @@ def test_stage_layers_equal_comfyui_forward(comfy, case):
     """Running the adapter's layers one after another gives apply_model's output bit for bit."""
     model = _model(CASES[case]["guidance_embed"])
     prepared = _prepare(model, **CASES[case]["cond"])
-    with torch.no_grad():
-        reference = model.apply_model(prepared.xt, prepared.sigma, transformer_options={}, **prepared.kwargs)
-        acts = _run_layers(model, prepared)
-    assert torch.equal(acts, reference)
+    assert_layers_equal_reference(model, prepared, "flux", expected=_reference)
 
 
 @pytest.mark.parametrize("kontext", [False, True])
 def test_stage_layers_give_comfyui_lora_gradients(comfy, kontext):
     """With a LoRA on every block linear, backward through the layers gives apply_model's gradients."""
-    from PipeTrain.engine.lora import inject_lora
-
     model = _model()
-    targets = inject_lora(model.diffusion_model, LoraSpec(rank=4, targets="all_linear"))
+    targets, lora = with_lora(model)
     cond_args = dict(refs=((4, 6), (6, 4))) if kontext else {}
     assert any(t.startswith("double_blocks.") for t in targets) and any(t.startswith("single_blocks.") for t in targets)
-    lora = trainable_lora(model)
     prepared = _prepare(model, **cond_args)
 
-    def grads(run):
-        return loss_and_lora_grads(model, prepared, lora, run)
-
-    ref_loss, ref = grads(lambda: model.apply_model(prepared.xt, prepared.sigma, transformer_options={},
-                                                    **prepared.kwargs))
-    loss, got = grads(lambda: _run_layers(model, prepared))
-    assert torch.equal(loss, ref_loss)
-    assert got.keys() == ref.keys() and all(g.abs().sum() > 0 for g in ref.values())
-    for n in ref:
-        torch.testing.assert_close(got[n], ref[n], msg=n)
+    want, got = lora_grads(model, prepared, lora, "flux", expected=_reference)
+    assert_same_lora_grads(want, got)
 
 
 def test_unsupported_flux_variants_are_refused(comfy):
@@ -109,9 +82,7 @@ def test_unsupported_flux_variants_are_refused(comfy):
 
     prepared = DiffusionObjective(model, seed=3).prepare(latents, conds, [0])
     # ComfyUI's extra_conds would add this for a masked conditioning (it only needs its presence here)
-    prepared.kwargs["attention_mask"] = torch.ones(1, 1, 1)
-    with pytest.raises(ConfigError, match="attention mask"):
-        adapter_for(model).first_stage_inputs(prepared)
+    assert_refused(model, prepared, "attention mask", attention_mask=torch.ones(1, 1, 1))
 
     import comfy.supported_models
 

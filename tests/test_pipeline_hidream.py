@@ -11,18 +11,11 @@ from __future__ import annotations
 import family_configs as fc
 import pytest
 import torch
-from engine_runs import loss_and_lora_grads, trainable_lora
-from PipeTrain.engine.config import ConfigError, LoraSpec
+from adapter_checks import (assert_layers_equal_reference, assert_only_adapter, assert_refused, assert_same_lora_grads,
+                            lora_grads, run_layers, with_lora)
 
 _HIDREAM = next(f for f in fc.FAMILIES if f.name == "hidream")
 _LLAMA_WIDTH = 40  # caption_channels[1] of the tiny config
-
-
-@pytest.fixture(scope="module")
-def comfy(comfy_root):
-    from PipeTrain.engine.comfy_bootstrap import import_comfy
-
-    import_comfy(comfy_root)
 
 
 def _model(**changes):
@@ -46,24 +39,8 @@ def _prepare(model, batch: int = 2, latent=(16, 8, 8), llama_layers: int = 2, ll
     return DiffusionObjective(model, seed=3).prepare(latents, conds, list(range(batch)))
 
 
-def _reference(model, prepared):
-    from PipeTrain.engine.objective import transformer_options
-
-    return model.apply_model(prepared.xt, prepared.sigma, transformer_options=transformer_options(prepared.sigma),
-                             **prepared.kwargs)
-
-
 def _run_layers(model, prepared):
-    """The adapter's layers in sequence; every tensor handed on is contiguous (DeepSpeed sends it as is)."""
-    from PipeTrain.engine.models import adapter_for
-
-    adapter = adapter_for(model)
-    assert adapter.name == "hidream"
-    acts = adapter.first_stage_inputs(prepared)
-    for layer in adapter.layers(model):
-        acts = layer(acts)
-        assert all(t.is_contiguous() for t in ((acts,) if torch.is_tensor(acts) else acts)), type(layer).__name__
-    return acts
+    return run_layers(model, prepared, "hidream")
 
 
 CASES = {  # case: (model config changes, _prepare arguments)
@@ -83,10 +60,7 @@ def test_stage_layers_equal_comfyui_forward(comfy, case):
     changes, cond = CASES[case]
     model = _model(**changes)
     prepared = _prepare(model, **cond)
-    with torch.no_grad():
-        reference = _reference(model, prepared)
-        acts = _run_layers(model, prepared)
-    assert torch.equal(acts, reference)
+    assert_layers_equal_reference(model, prepared, "hidream")
 
 
 def test_each_block_reads_its_own_llama_layer(comfy):
@@ -107,52 +81,27 @@ def test_each_block_reads_its_own_llama_layer(comfy):
 def test_stage_layers_give_comfyui_lora_gradients(comfy, checkpointing):
     """With a LoRA on every block linear, backward through the layers gives apply_model's gradients,
     also with the engine's activation checkpointing (+ CPU offload) wrapped around every block."""
-    from PipeTrain.engine.checkpointing import enable_checkpointing
-    from PipeTrain.engine.lora import inject_lora
-
     # 3 experts, 2 per token: the routing decides which expert weights a token sees
     model = _model(num_layers=2, num_single_layers=2, llama_layers=[1, 0, 1, 0], num_routed_experts=3)
-    targets = inject_lora(model.diffusion_model, LoraSpec(rank=4, targets="all_linear"))
+    targets, lora = with_lora(model)
     assert all(any(t.startswith(f"{kind}.{i}.") for t in targets)
                for kind in ("double_stream_blocks", "single_stream_blocks") for i in range(2))
-    lora = trainable_lora(model)
     prepared = _prepare(model)
 
-    ref_loss, ref = loss_and_lora_grads(model, prepared, lora, lambda: _reference(model, prepared))
-    offloader = None if checkpointing == "off" else enable_checkpointing(model.diffusion_model, checkpointing)
-    loss, got = loss_and_lora_grads(model, prepared, lora, lambda: _run_layers(model, prepared))
-    assert offloader is None or offloader.offloaded > 0  # the blocks ran checkpointed
-    assert torch.equal(loss, ref_loss)
+    want, got = lora_grads(model, prepared, lora, "hidream", checkpointing=checkpointing)
     # Every expert of every block saw some tokens (the gradients below are not zero), so the stages
     # routed them as ComfyUI did.
-    assert got.keys() == ref.keys() and all(g is not None and g.abs().sum() > 0 for g in ref.values())
-    for n in ref:
-        torch.testing.assert_close(got[n], ref[n], msg=n)
+    assert_same_lora_grads(want, got)
 
 
 def test_unsupported_hidream_inputs_are_refused(comfy):
     """The E1 edit image and a missing Llama or pooled conditioning get a ConfigError naming the fix."""
-    from PipeTrain.engine.models import adapter_for
-
     model = _model()
-    adapter = adapter_for(model)
     prepared = _prepare(model, batch=1)
-    prepared.kwargs["image_cond"] = torch.zeros_like(prepared.xt)
-    with pytest.raises(ConfigError, match="edit image.*pipeline_stages to 1"):
-        adapter.first_stage_inputs(prepared)
+    assert_refused(model, prepared, "edit image.*pipeline_stages to 1", image_cond=torch.zeros_like(prepared.xt))
     for key, name in (("encoder_hidden_states_llama3", "conditioning_llama3"), ("y", "pooled_output")):
-        prepared = _prepare(model, batch=1)
-        prepared.kwargs.pop(key)
-        with pytest.raises(ConfigError, match=name):
-            adapter.first_stage_inputs(prepared)
+        assert_refused(model, _prepare(model, batch=1), name, **{key: None})
 
 
 def test_adapter_for_picks_hidream_and_only_hidream(comfy):
-    from PipeTrain.engine.models import ADAPTERS, adapter_for
-
-    model = _model()
-    assert adapter_for(model).name == "hidream"
-    assert [n for n, a in ADAPTERS.items() if a.matches(model)] == ["hidream"]
-    for family in fc.FAMILIES:  # every other family's tiny model (ComfyUI's own classes)
-        if family.name != "hidream":
-            assert not ADAPTERS["hidream"].matches(fc.build(family)), family.name
+    assert_only_adapter([_model()], "hidream", (f for f in fc.FAMILIES if f.name != "hidream"))

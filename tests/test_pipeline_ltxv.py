@@ -11,17 +11,12 @@ from __future__ import annotations
 import family_configs as fc
 import pytest
 import torch
-from engine_runs import loss_and_lora_grads, trainable_lora
-from PipeTrain.engine.config import ConfigError, LoraSpec
+from adapter_checks import (assert_every_lora_trained, assert_layers_equal_reference, assert_only_adapter,
+                            assert_pipelined_like_plain, assert_refused, assert_same_lora_grads, lora_grads,
+                            run_layers, two_process_runs, with_lora)
+from PipeTrain.engine.config import ConfigError
 
 _LTXV = next(f for f in fc.FAMILIES if f.name == "ltxv")
-
-
-@pytest.fixture(scope="module")
-def comfy(comfy_root):
-    from PipeTrain.engine.comfy_bootstrap import import_comfy
-
-    import_comfy(comfy_root)
 
 
 def _model(layers: int = 2):
@@ -57,24 +52,8 @@ def _prepare(model, batch: int = 2, latent=(128, 3, 4, 5), frame_rate=25.0, padd
     return DiffusionObjective(model, seed=3).prepare(latents, conds, list(range(batch)))
 
 
-def _reference(model, prepared):
-    from PipeTrain.engine.objective import transformer_options
-
-    return model.apply_model(prepared.xt, prepared.sigma, transformer_options=transformer_options(prepared.sigma),
-                             **prepared.kwargs)
-
-
 def _run_layers(model, prepared):
-    from PipeTrain.engine.models import adapter_for
-
-    adapter = adapter_for(model)
-    assert adapter.name == "ltxv"
-    acts = tuple(t.contiguous() for t in adapter.first_stage_inputs(prepared))  # as engine/pipeline.py feeds them
-    for layer in adapter.layers(model):
-        acts = layer(acts)
-        # DeepSpeed sends every tensor a stage returns with torch.distributed, which needs contiguous ones.
-        assert all(t.is_contiguous() for t in (acts if isinstance(acts, tuple) else (acts,))), type(layer)
-    return acts
+    return run_layers(model, prepared, "ltxv")
 
 
 CASES = {
@@ -93,10 +72,7 @@ def test_stage_layers_equal_comfyui_forward(comfy, case):
     """Running the adapter's layers one after another gives apply_model's output bit for bit."""
     model = _model(**CASES[case]["model"])
     prepared = _prepare(model, **CASES[case]["cond"])
-    with torch.no_grad():
-        reference = _reference(model, prepared)
-        acts = _run_layers(model, prepared)
-    assert torch.equal(acts, reference)
+    assert_layers_equal_reference(model, prepared, "ltxv")
 
 
 def test_conditioning_reaches_the_output(comfy):
@@ -136,24 +112,13 @@ def _staged_lora_grads(model, prepared, lora):
 def test_stage_layers_give_comfyui_lora_gradients(comfy, checkpointing):
     """With a LoRA on every block linear, backward through the layers, plain and across simulated stage
     boundaries, with or without per-block activation checkpointing, gives apply_model's gradients."""
-    from PipeTrain.engine.checkpointing import enable_checkpointing
-    from PipeTrain.engine.lora import inject_lora
-
     model = _model(layers=3)
-    targets = inject_lora(model.diffusion_model, LoraSpec(rank=4, targets="all_linear"))
+    targets, lora = with_lora(model)
     assert sum(t.startswith("transformer_blocks.") for t in targets) >= 3 * 8
-    lora = trainable_lora(model)
     prepared = _prepare(model, i2v=True, padded=True)
-    ref_loss, ref = loss_and_lora_grads(model, prepared, lora, lambda: _reference(model, prepared))
-    if checkpointing == "on":
-        enable_checkpointing(model.diffusion_model, "on")  # as engine/memory.py does before the stages exist
-    loss, got = loss_and_lora_grads(model, prepared, lora, lambda: _run_layers(model, prepared))
-    staged_loss, staged = _staged_lora_grads(model, prepared, lora)
-    assert torch.equal(loss, ref_loss) and torch.equal(staged_loss, ref_loss)
-    assert got.keys() == ref.keys() and all(g.abs().sum() > 0 for g in ref.values())
-    for n in ref:
-        torch.testing.assert_close(got[n], ref[n], msg=n)
-        torch.testing.assert_close(staged[n], ref[n], msg=n)
+    want, got = lora_grads(model, prepared, lora, "ltxv", checkpointing=checkpointing)
+    assert_same_lora_grads(want, got)
+    assert_same_lora_grads(want, _staged_lora_grads(model, prepared, lora))
 
 
 def test_blocks_running_comfyui_in_place_forward_are_refused(comfy):
@@ -173,33 +138,15 @@ def test_blocks_running_comfyui_in_place_forward_are_refused(comfy):
 
 
 def test_unsupported_ltxv_inputs_are_refused(comfy):
-    from PipeTrain.engine.models import adapter_for
-
     model = _model()
-    adapter = adapter_for(model)
-    prepared = _prepare(model, batch=1)
-    prepared.kwargs["guiding_latent"] = torch.zeros(1)  # a conditioning the adapter does not reproduce
-    with pytest.raises(ConfigError, match="guiding_latent"):
-        adapter.first_stage_inputs(prepared)
-    prepared = _prepare(model, batch=1)
-    prepared.kwargs.pop("attention_mask")
-    with pytest.raises(ConfigError, match="attention mask"):
-        adapter.first_stage_inputs(prepared)
-    prepared = _prepare(model, batch=1)
-    prepared.kwargs["frame_rate"] = torch.tensor([25.0])
-    with pytest.raises(ConfigError, match="frame_rate"):
-        adapter.first_stage_inputs(prepared)
+    # guiding_latent: a conditioning the adapter does not reproduce
+    assert_refused(model, _prepare(model, batch=1), "guiding_latent", guiding_latent=torch.zeros(1))
+    assert_refused(model, _prepare(model, batch=1), "attention mask", attention_mask=None)
+    assert_refused(model, _prepare(model, batch=1), "frame_rate", frame_rate=torch.tensor([25.0]))
 
 
 def test_adapter_for_picks_ltxv_only_for_ltxv(comfy):
-    from PipeTrain.engine.models import ADAPTERS, adapter_for
-
-    model = _model()
-    assert adapter_for(model).name == "ltxv"
-    assert [n for n, a in ADAPTERS.items() if a.matches(model)] == ["ltxv"]
-    for family in fc.FAMILIES:  # every other family's tiny model (ComfyUI's own classes)
-        if family.supported != "LTXV":
-            assert not ADAPTERS["ltxv"].matches(fc.build(family)), family.name
+    assert_only_adapter([_model()], "ltxv", (f for f in fc.FAMILIES if f.supported != "LTXV"))
 
 
 @pytest.fixture(scope="module")
@@ -223,14 +170,9 @@ def test_two_stage_pipeline_trains_like_one_process(tmp_path, comfy_root, ltxv_f
     """2 DeepSpeed gloo ranks, one stage each (the integer text mask and the float64 frame rate among
     the stage inputs): same losses and saved LoRA as one plain process."""
     import tiny_detected
-    from engine_runs import assert_same_lora, pipeline_config, run_to_end
 
     tiny_detected.use_tiny_detection(monkeypatch)
     monkeypatch.setenv("OMP_NUM_THREADS", "1")  # one thread per rank in both runs (a busy 2-core machine)
-    plain = run_to_end(pipeline_config(tmp_path / "plain", comfy_root, ltxv_files, 1, 1, 1))
-    piped = run_to_end(pipeline_config(tmp_path / "piped", comfy_root, ltxv_files, 2, 2, 1))
+    plain, piped = two_process_runs(tmp_path, comfy_root, ltxv_files)
     assert "pipeline stage 2/2" in piped.log()
-    assert plain.losses() == pytest.approx(piped.losses(), rel=1e-5, abs=1e-7)
-    a = assert_same_lora(plain.cfg.run_dir, piped.cfg.run_dir, rtol=1e-4, atol=1e-5)
-    moved = [k for k in a if k.endswith("lora_B.weight") and a[k].abs().sum() > 0]
-    assert len(moved) == len([k for k in a if k.endswith("lora_B.weight")]), "a stage's LoRA never trained"
+    assert_every_lora_trained(assert_pipelined_like_plain(plain, piped))

@@ -8,22 +8,14 @@ learned pad tokens as in the real model.
 """
 from __future__ import annotations
 
-import dataclasses
-
 import family_configs as fc
 import pytest
 import torch
-from engine_runs import loss_and_lora_grads, stage_layers_forward, trainable_lora
-from PipeTrain.engine.config import ConfigError, LoraSpec
+from adapter_checks import (assert_every_lora_trained, assert_layers_equal_reference, assert_only_adapter,
+                            assert_pipelined_like_plain, assert_refused, assert_same_lora_grads, lora_grads,
+                            run_layers, two_process_runs, with_lora)
 
 _FAMILY = {f.name: f for f in fc.FAMILIES if f.name in ("lumina2", "z_image")}
-
-
-@pytest.fixture(scope="module")
-def comfy(comfy_root):
-    from PipeTrain.engine.comfy_bootstrap import import_comfy
-
-    import_comfy(comfy_root)
 
 
 def _model(family: str = "lumina2", **config):
@@ -48,13 +40,6 @@ def _prepare(model, family: str = "lumina2", batch: int = 2, latent=(16, 6, 10),
     return DiffusionObjective(model, seed=3).prepare(latents, conds, list(range(batch)))
 
 
-def _reference(model, prepared):
-    from PipeTrain.engine.objective import transformer_options
-
-    return model.apply_model(prepared.xt, prepared.sigma, transformer_options=transformer_options(prepared.sigma),
-                             **prepared.kwargs)
-
-
 CASES = {
     "lumina2": dict(model=dict(), cond=dict()),
     "lumina2-odd-size": dict(model=dict(), cond=dict(latent=(16, 7, 9))),  # padded to the 2x2 patch, cropped
@@ -74,16 +59,10 @@ CASES = {
 @pytest.mark.parametrize("case", list(CASES))
 def test_stage_layers_equal_comfyui_forward(comfy, case):
     """Running the adapter's layers one after another gives apply_model's output bit for bit."""
-    from PipeTrain.engine.models import adapter_for
-
     model = _model(**CASES[case]["model"])
     prepared = _prepare(model, **CASES[case]["cond"])
-    assert adapter_for(model).name == "lumina2"
     assert set(prepared.kwargs) == {"c_crossattn", "num_tokens"}
-    with torch.no_grad():
-        reference = _reference(model, prepared)
-        got = stage_layers_forward(model, prepared)
-    assert torch.equal(got, reference)
+    assert_layers_equal_reference(model, prepared, "lumina2")
 
 
 def test_time_and_text_reach_the_output(comfy):
@@ -91,65 +70,43 @@ def test_time_and_text_reach_the_output(comfy):
     model = _model("z_image")
     prepared = _prepare(model, "z_image", batch=1)
     with torch.no_grad():
-        base = stage_layers_forward(model, prepared)
+        base = run_layers(model, prepared)
         prepared.kwargs["c_crossattn"] = prepared.kwargs["c_crossattn"] + 1.0
-        text = stage_layers_forward(model, prepared)
+        text = run_layers(model, prepared)
     assert (base - text).abs().max() > 1e-4
 
 
 @pytest.mark.parametrize("family", ["lumina2", "z_image"])
 def test_stage_layers_give_comfyui_lora_gradients(comfy, family):
     """With a LoRA on every block linear, backward through the layers gives apply_model's gradients."""
-    from PipeTrain.engine.lora import inject_lora
-
     model = _model(family)
-    targets = inject_lora(model.diffusion_model, LoraSpec(rank=4, targets="all_linear"))
+    targets, lora = with_lora(model)
     for root in ("context_refiner.", "noise_refiner.", "layers."):
         assert any(t.startswith(root) for t in targets), root
-    lora = trainable_lora(model)
     prepared = _prepare(model, family)
 
-    def grads(run):
-        return loss_and_lora_grads(model, prepared, lora, run)
-
-    ref_loss, ref = grads(lambda: _reference(model, prepared))
-    loss, got = grads(lambda: stage_layers_forward(model, prepared))
-    assert torch.equal(loss, ref_loss)
-    assert got.keys() == ref.keys() and all(g is not None and g.abs().sum() > 0 for g in ref.values())
-    for n in ref:
-        torch.testing.assert_close(got[n], ref[n], msg=n)
+    want, got = lora_grads(model, prepared, lora, "lumina2")
+    assert_same_lora_grads(want, got)
 
 
 def test_padded_text_mask_is_refused(comfy):
     """A prompt with padding caches a 0/1 mask; extra_conds passes it on and the adapter refuses it."""
-    from PipeTrain.engine.models import adapter_for
-
     model = _model()
     mask = torch.ones(fc.T, dtype=torch.long)
     mask[-2:] = 0
     prepared = _prepare(model, batch=1, mask=mask)
     assert "attention_mask" in prepared.kwargs
-    with pytest.raises(ConfigError, match="attention_mask.*pipeline_stages to 1"):
-        adapter_for(model).first_stage_inputs(prepared)
+    assert_refused(model, prepared, "attention_mask.*pipeline_stages to 1")
     # An all-ones mask is dropped by extra_conds (only num_tokens is kept): that trains.
     prepared = _prepare(model, batch=1, mask=torch.ones(fc.T, dtype=torch.long))
     assert set(prepared.kwargs) == {"c_crossattn", "num_tokens"}
-    prepared.kwargs["c_concat"] = torch.zeros(1)  # an input this adapter does not reproduce
-    with pytest.raises(ConfigError, match="c_concat"):
-        adapter_for(model).first_stage_inputs(prepared)
+    assert_refused(model, prepared, "c_concat", c_concat=torch.zeros(1))  # an input this adapter does not reproduce
 
 
 def test_adapter_takes_exactly_nextdit_models(comfy):
     """Only this adapter matches Lumina 2 and Z-Image, and it matches no other family's model."""
-    from PipeTrain.engine.models import ADAPTERS
-    from PipeTrain.engine.models.lumina import LuminaAdapter
-
-    for family in _FAMILY:  # no other adapter claims them either
-        assert [n for n, a in ADAPTERS.items() if a.matches(_model(family))] == ["lumina2"]
-    others = [f for f in fc.FAMILIES if f.name not in _FAMILY]
-    assert others
-    for f in others:
-        assert not LuminaAdapter.matches(fc.build(f)), f.name
+    assert_only_adapter([_model(family) for family in _FAMILY], "lumina2",
+                        (f for f in fc.FAMILIES if f.name not in _FAMILY))
 
 
 @pytest.fixture(scope="module")
@@ -169,17 +126,11 @@ def test_two_stage_pipeline_trains_like_one_process(tmp_path, comfy_root, z_imag
     """2 DeepSpeed gloo ranks, one stage each: same losses and saved LoRA as one plain process
     (tests/tiny_detected.py: ComfyUI loads the tiny file into its own classes)."""
     import tiny_detected
-    from engine_runs import assert_same_lora, pipeline_config, run_to_end
 
     tiny_detected.use_tiny_detection(monkeypatch)
-    plain = run_to_end(pipeline_config(tmp_path / "plain", comfy_root, z_image_files, 1, 1, 1))
-    # Cut inside the refiners (embedding + context refiner | noise refiner (joins), 2 layers, head), so the separate text and image streams cross
-    # stages; activation checkpointing on in the stages.
-    cfg = pipeline_config(tmp_path / "piped", comfy_root, z_image_files, 2, 2, 1)
-    memory = dataclasses.replace(cfg.memory, pipeline_split="2", activation_checkpointing="on")
-    piped = run_to_end(dataclasses.replace(cfg, memory=memory))
+    # Cut inside the refiners (embedding + context refiner | noise refiner (joins), 2 layers, head), so
+    # the separate text and image streams cross stages; activation checkpointing on in the stages.
+    plain, piped = two_process_runs(tmp_path, comfy_root, z_image_files, pipeline_split="2",
+                                    activation_checkpointing="on")
     assert "pipeline stage 1/2: layers 0-1 of 6 (memory.pipeline_split)" in piped.log()
-    assert plain.losses() == pytest.approx(piped.losses(), rel=1e-5, abs=1e-7)
-    a = assert_same_lora(plain.cfg.run_dir, piped.cfg.run_dir, rtol=1e-4, atol=1e-5)
-    moved = [k for k in a if k.endswith("lora_B.weight") and a[k].abs().sum() > 0]
-    assert len(moved) == len([k for k in a if k.endswith("lora_B.weight")]), "a stage's LoRA never trained"
+    assert_every_lora_trained(assert_pipelined_like_plain(plain, piped))

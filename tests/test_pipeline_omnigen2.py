@@ -6,22 +6,14 @@ The tiny model is ComfyUI's own Omnigen2 class with the tiny config of tests/fam
 """
 from __future__ import annotations
 
-import dataclasses
-
 import family_configs as fc
 import pytest
 import torch
-from engine_runs import loss_and_lora_grads, stage_layers_forward, trainable_lora
-from PipeTrain.engine.config import ConfigError, LoraSpec
+from adapter_checks import (assert_every_lora_trained, assert_layers_equal_reference, assert_only_adapter,
+                            assert_pipelined_like_plain, assert_refused, assert_same_lora_grads, lora_grads,
+                            run_layers, two_process_runs, with_lora)
 
 _OMNIGEN2 = next(f for f in fc.FAMILIES if f.name == "omnigen2")
-
-
-@pytest.fixture(scope="module")
-def comfy(comfy_root):
-    from PipeTrain.engine.comfy_bootstrap import import_comfy
-
-    import_comfy(comfy_root)
 
 
 def _model(**config):
@@ -54,13 +46,6 @@ def _prepare(model, batch: int = 2, latent=(16, 6, 10), refs=((16, 6, 8),), mask
     return DiffusionObjective(model, seed=3).prepare(latents, conds, list(range(batch)))
 
 
-def _reference(model, prepared):
-    from PipeTrain.engine.objective import transformer_options
-
-    return model.apply_model(prepared.xt, prepared.sigma, transformer_options=transformer_options(prepared.sigma),
-                             **prepared.kwargs)
-
-
 CASES = {
     "one-reference": dict(model=dict(), cond=dict()),
     "text-only": dict(model=dict(), cond=dict(refs=())),  # the reference refiners pass through
@@ -75,16 +60,10 @@ CASES = {
 @pytest.mark.parametrize("case", list(CASES))
 def test_stage_layers_equal_comfyui_forward(comfy, case):
     """Running the adapter's layers one after another gives apply_model's output bit for bit."""
-    from PipeTrain.engine.models import adapter_for
-
     model = _model(**CASES[case]["model"])
     prepared = _prepare(model, **CASES[case]["cond"])
-    assert adapter_for(model).name == "omnigen2"
     assert ("ref_latents" in prepared.kwargs) == bool(CASES[case]["cond"].get("refs", True))
-    with torch.no_grad():
-        reference = _reference(model, prepared)
-        got = stage_layers_forward(model, prepared)
-    assert torch.equal(got, reference)
+    assert_layers_equal_reference(model, prepared, "omnigen2")
 
 
 def test_reference_latents_reach_the_output(comfy):
@@ -92,64 +71,39 @@ def test_reference_latents_reach_the_output(comfy):
     model = _model()
     prepared = _prepare(model, batch=1)
     with torch.no_grad():
-        base = stage_layers_forward(model, prepared)
+        base = run_layers(model, prepared)
         prepared.kwargs["ref_latents"] = [r + 1.0 for r in prepared.kwargs["ref_latents"]]
-        moved = stage_layers_forward(model, prepared)
+        moved = run_layers(model, prepared)
     assert (base - moved).abs().max() > 1e-4
 
 
 def test_stage_layers_give_comfyui_lora_gradients(comfy):
     """With a LoRA on every block linear, backward through the layers gives apply_model's gradients
     (every refiner, the reference one included, gets a gradient)."""
-    from PipeTrain.engine.lora import inject_lora
-
     model = _model()
-    targets = inject_lora(model.diffusion_model, LoraSpec(rank=4, targets="all_linear"))
+    targets, lora = with_lora(model)
     for root in ("context_refiner.", "noise_refiner.", "ref_image_refiner.", "layers."):
         assert any(t.startswith(root) for t in targets), root
-    lora = trainable_lora(model)
     prepared = _prepare(model, refs=((16, 6, 8), (16, 4, 6)))
 
-    def grads(run):
-        return loss_and_lora_grads(model, prepared, lora, run)
-
-    ref_loss, ref = grads(lambda: _reference(model, prepared))
-    loss, got = grads(lambda: stage_layers_forward(model, prepared))
-    assert torch.equal(loss, ref_loss)
-    assert got.keys() == ref.keys() and all(g is not None and g.abs().sum() > 0 for g in ref.values())
-    for n in ref:
-        torch.testing.assert_close(got[n], ref[n], msg=n)
+    want, got = lora_grads(model, prepared, lora, "omnigen2")
+    assert_same_lora_grads(want, got)
 
 
 def test_unusable_text_masks_and_other_inputs_are_refused(comfy):
     """A padded text mask (ComfyUI's OmniGen2 cannot run it), a cache without a mask (no num_tokens)
     and inputs this adapter does not reproduce each get a ConfigError naming the fix."""
-    from PipeTrain.engine.models import adapter_for
-
     model = _model()
-    adapter = adapter_for(model)
     prepared = _prepare(model, batch=1, mask="padded")
     assert "attention_mask" in prepared.kwargs
-    with pytest.raises(ConfigError, match="padded text mask.*Re-cache"):
-        adapter.first_stage_inputs(prepared)
-    with pytest.raises(ConfigError, match="attention_mask.*Re-cache"):
-        adapter.first_stage_inputs(_prepare(model, batch=1, mask=None))
-    prepared = _prepare(model, batch=1)
-    prepared.kwargs["c_concat"] = torch.zeros(1)
-    with pytest.raises(ConfigError, match="c_concat.*pipeline_stages to 1"):
-        adapter.first_stage_inputs(prepared)
+    assert_refused(model, prepared, "padded text mask.*Re-cache")
+    assert_refused(model, _prepare(model, batch=1, mask=None), "attention_mask.*Re-cache")
+    assert_refused(model, _prepare(model, batch=1), "c_concat.*pipeline_stages to 1", c_concat=torch.zeros(1))
 
 
 def test_adapter_takes_exactly_omnigen2_models(comfy):
     """Only this adapter matches OmniGen2, and it matches no other family's model."""
-    from PipeTrain.engine.models import ADAPTERS
-    from PipeTrain.engine.models.omnigen2 import OmniGen2Adapter
-
-    assert [n for n, a in ADAPTERS.items() if a.matches(_model())] == ["omnigen2"]  # no other adapter claims it
-    others = [f for f in fc.FAMILIES if f.name != "omnigen2"]
-    assert others
-    for f in others:
-        assert not OmniGen2Adapter.matches(fc.build(f)), f.name
+    assert_only_adapter([_model()], "omnigen2", (f for f in fc.FAMILIES if f.name != "omnigen2"))
 
 
 @pytest.fixture(scope="module")
@@ -171,17 +125,12 @@ def test_two_stage_pipeline_trains_like_one_process(tmp_path, comfy_root, omnige
     """2 DeepSpeed gloo ranks, one stage each, with a reference latent: same losses and saved LoRA
     as one plain process (tests/tiny_detected.py: ComfyUI loads the tiny file into its own classes)."""
     import tiny_detected
-    from engine_runs import assert_same_lora, pipeline_config, run_to_end
 
     tiny_detected.use_tiny_detection(monkeypatch)
-    plain = run_to_end(pipeline_config(tmp_path / "plain", comfy_root, omnigen2_files, 1, 1, 1))
-    # Cut inside the refiners (embedding + context refiner | noise and reference refiners (the last joins), 2 layers, head), so the separate text and image streams cross
-    # stages; activation checkpointing on in the stages.
-    cfg = pipeline_config(tmp_path / "piped", comfy_root, omnigen2_files, 2, 2, 1)
-    memory = dataclasses.replace(cfg.memory, pipeline_split="2", activation_checkpointing="on")
-    piped = run_to_end(dataclasses.replace(cfg, memory=memory))
+    # Cut inside the refiners (embedding + context refiner | noise and reference refiners (the last
+    # joins), 2 layers, head), so the separate text and image streams cross stages; activation
+    # checkpointing on in the stages.
+    plain, piped = two_process_runs(tmp_path, comfy_root, omnigen2_files, pipeline_split="2",
+                                    activation_checkpointing="on")
     assert "pipeline stage 1/2: layers 0-1 of 7 (memory.pipeline_split)" in piped.log()
-    assert plain.losses() == pytest.approx(piped.losses(), rel=1e-5, abs=1e-7)
-    a = assert_same_lora(plain.cfg.run_dir, piped.cfg.run_dir, rtol=1e-4, atol=1e-5)
-    moved = [k for k in a if k.endswith("lora_B.weight") and a[k].abs().sum() > 0]
-    assert len(moved) == len([k for k in a if k.endswith("lora_B.weight")]), "a stage's LoRA never trained"
+    assert_every_lora_trained(assert_pipelined_like_plain(plain, piped))

@@ -10,17 +10,10 @@ from __future__ import annotations
 import family_configs as fc
 import pytest
 import torch
-from engine_runs import loss_and_lora_grads, trainable_lora
-from PipeTrain.engine.config import ConfigError, LoraSpec
+from adapter_checks import (assert_layers_equal_reference, assert_pipelined_like_plain, assert_refused, lora_grads,
+                            run_layers, two_process_runs, with_lora)
 
 _QWEN = next(f for f in fc.FAMILIES if f.name == "qwen_image")
-
-
-@pytest.fixture(scope="module")
-def comfy(comfy_root):
-    from PipeTrain.engine.comfy_bootstrap import import_comfy
-
-    import_comfy(comfy_root)
 
 
 def _model(layers: int = 3):
@@ -54,21 +47,7 @@ def _prepare(model, batch: int = 2, latent=(16, 1, 6, 10), refs=(), method: str 
 
 
 def _run_layers(model, prepared):
-    from PipeTrain.engine.models import adapter_for
-
-    adapter = adapter_for(model)
-    assert adapter.name == "qwen_image"
-    acts = adapter.first_stage_inputs(prepared)
-    for layer in adapter.layers(model):
-        acts = layer(acts)
-    return acts
-
-
-def _apply_model(model, prepared):
-    from PipeTrain.engine.objective import transformer_options
-
-    return model.apply_model(prepared.xt, prepared.sigma, transformer_options=transformer_options(prepared.sigma),
-                             **prepared.kwargs)
+    return run_layers(model, prepared, "qwen_image")
 
 
 CASES = {
@@ -88,10 +67,7 @@ def test_stage_layers_equal_comfyui_forward(comfy, case):
     """Running the adapter's layers one after another gives apply_model's output bit for bit."""
     model = _model()
     prepared = _prepare(model, **CASES[case])
-    with torch.no_grad():
-        reference = _apply_model(model, prepared)
-        acts = _run_layers(model, prepared)
-    assert torch.equal(acts, reference)
+    assert_layers_equal_reference(model, prepared, "qwen_image")
 
 
 def test_reference_latents_change_the_prediction(comfy):
@@ -110,18 +86,11 @@ def test_reference_latents_change_the_prediction(comfy):
 def test_stage_layers_give_comfyui_lora_gradients(comfy, edit):
     """With a LoRA on every block linear, backward through the layers gives apply_model's gradients,
     including which ones get none (the last block's text stream, whose output ComfyUI drops)."""
-    from PipeTrain.engine.lora import inject_lora
-
     model = _model()
-    inject_lora(model.diffusion_model, LoraSpec(rank=4, targets="all_linear"))
-    lora = trainable_lora(model)
+    _, lora = with_lora(model)
     prepared = _prepare(model, refs=((4, 6), (7, 5)) if edit else ())
 
-    def grads(run):
-        return loss_and_lora_grads(model, prepared, lora, run)
-
-    ref_loss, ref = grads(lambda: _apply_model(model, prepared))
-    loss, got = grads(lambda: _run_layers(model, prepared))
+    (ref_loss, ref), (loss, got) = lora_grads(model, prepared, lora, "qwen_image")
     assert torch.equal(loss, ref_loss)
     unused = {n for n, g in ref.items() if g is None}
     assert unused and all(n.startswith("transformer_blocks.2.") for n in unused), sorted(unused)
@@ -136,13 +105,8 @@ def test_stage_layers_give_comfyui_lora_gradients(comfy, edit):
 
 def test_unsupported_inputs_are_refused(comfy):
     """A kwarg the adapter does not reproduce (here a guidance value) gets a ConfigError naming it."""
-    from PipeTrain.engine.models import adapter_for
-
     model = _model()
-    prepared = _prepare(model, batch=1)
-    prepared.kwargs["guidance"] = torch.ones(1)
-    with pytest.raises(ConfigError, match="guidance"):
-        adapter_for(model).first_stage_inputs(prepared)
+    assert_refused(model, _prepare(model, batch=1), "guidance", guidance=torch.ones(1))
 
 
 @pytest.fixture(scope="module")
@@ -164,16 +128,13 @@ def test_edit_two_stage_pipeline_trains_like_one_process(tmp_path, comfy_root, e
     """2 DeepSpeed gloo ranks, one stage each, with reference latents: same losses and saved LoRA as
     one plain process (tests/tiny_detected.py: ComfyUI loads the tiny file into its own classes)."""
     import tiny_detected
-    from engine_runs import assert_same_lora, pipeline_config, run_to_end
 
     tiny_detected.use_tiny_detection(monkeypatch)
-    plain = run_to_end(pipeline_config(tmp_path / "plain", comfy_root, edit_files, 1, 1, grad_accum))
-    piped = run_to_end(pipeline_config(tmp_path / "piped", comfy_root, edit_files, 2, 2, grad_accum))
+    plain, piped = two_process_runs(tmp_path, comfy_root, edit_files, grad_accum)
     assert "pipeline stage 2/2" in piped.log()
-    assert plain.losses() == pytest.approx(piped.losses(), rel=1e-5, abs=1e-7)
     # atol 1e-5: Adam turns summation-order noise in a near-zero gradient into up to ~2e-6 on a few of
     # ~40k elements; a stage clipped, scaled or left out differs by 1e-4 or more (the steps are ~1e-3).
-    a = assert_same_lora(plain.cfg.run_dir, piped.cfg.run_dir, rtol=1e-4, atol=1e-5)
+    a = assert_pipelined_like_plain(plain, piped)
     # A missing stage shows up as missing keys; every block but the last block's text stream trains.
     frozen = [k for k in a if k.endswith("lora_B.weight") and a[k].abs().sum() == 0]
     assert frozen and all(k.startswith("diffusion_model.transformer_blocks.3.") for k in frozen), frozen

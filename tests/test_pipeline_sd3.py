@@ -11,17 +11,12 @@ from __future__ import annotations
 import family_configs as fc
 import pytest
 import torch
-from engine_runs import loss_and_lora_grads, trainable_lora
-from PipeTrain.engine.config import ConfigError, LoraSpec
+from adapter_checks import (assert_every_lora_trained, assert_layers_equal_reference, assert_only_adapter,
+                            assert_pipelined_like_plain, assert_same_lora_grads, assert_text_only_inputs, lora_grads,
+                            run_layers, two_process_runs, with_lora)
+from PipeTrain.engine.config import ConfigError
 
 _SD3 = next(f for f in fc.FAMILIES if f.name == "sd3")
-
-
-@pytest.fixture(scope="module")
-def comfy(comfy_root):
-    from PipeTrain.engine.comfy_bootstrap import import_comfy
-
-    import_comfy(comfy_root)
 
 
 def _model(**changes):
@@ -43,24 +38,8 @@ def _prepare(model, batch: int = 2, latent=(16, 8, 8), pooled: bool = True):
     return DiffusionObjective(model, seed=3).prepare(latents, conds, list(range(batch)))
 
 
-def _reference(model, prepared):
-    from PipeTrain.engine.objective import transformer_options
-
-    return model.apply_model(prepared.xt, prepared.sigma, transformer_options=transformer_options(prepared.sigma),
-                             **prepared.kwargs)
-
-
 def _run_layers(model, prepared):
-    """The adapter's layers in sequence; every tensor handed on is contiguous (DeepSpeed sends it as is)."""
-    from PipeTrain.engine.models import adapter_for
-
-    adapter = adapter_for(model)
-    assert adapter.name == "sd3"
-    acts = adapter.first_stage_inputs(prepared)
-    for layer in adapter.layers(model):
-        acts = layer(acts)
-        assert all(t.is_contiguous() for t in ((acts,) if torch.is_tensor(acts) else acts)), type(layer).__name__
-    return acts
+    return run_layers(model, prepared, "sd3")
 
 
 CASES = {  # case: (model config changes, _prepare arguments)
@@ -83,10 +62,7 @@ def test_stage_layers_equal_comfyui_forward(comfy, case):
     model = _model(**changes)
     prepared = _prepare(model, **cond)
     assert ("y" in prepared.kwargs) == cond.get("pooled", True)
-    with torch.no_grad():
-        reference = _reference(model, prepared)
-        acts = _run_layers(model, prepared)
-    assert torch.equal(acts, reference)
+    assert_layers_equal_reference(model, prepared, "sd3")
 
 
 def test_pooled_vector_reaches_the_blocks(comfy):
@@ -104,24 +80,14 @@ def test_pooled_vector_reaches_the_blocks(comfy):
 def test_stage_layers_give_comfyui_lora_gradients(comfy, checkpointing):
     """With a LoRA on every block linear, backward through the layers gives apply_model's gradients,
     also with the engine's activation checkpointing (+ CPU offload) wrapped around every block."""
-    from PipeTrain.engine.checkpointing import enable_checkpointing
-    from PipeTrain.engine.lora import inject_lora
-
     model = _model(num_blocks=3)
-    targets = inject_lora(model.diffusion_model, LoraSpec(rank=4, targets="all_linear"))
+    targets, lora = with_lora(model)
     for i in range(3):
         assert any(t.startswith(f"joint_blocks.{i}.") for t in targets)
-    lora = trainable_lora(model)
     prepared = _prepare(model)
 
-    ref_loss, ref = loss_and_lora_grads(model, prepared, lora, lambda: _reference(model, prepared))
-    offloader = None if checkpointing == "off" else enable_checkpointing(model.diffusion_model, checkpointing)
-    loss, got = loss_and_lora_grads(model, prepared, lora, lambda: _run_layers(model, prepared))
-    assert offloader is None or offloader.offloaded > 0  # the blocks ran checkpointed
-    assert torch.equal(loss, ref_loss)
-    assert got.keys() == ref.keys() and all(g.abs().sum() > 0 for g in ref.values())
-    for n in ref:
-        torch.testing.assert_close(got[n], ref[n], msg=n)
+    want, got = lora_grads(model, prepared, lora, "sd3", checkpointing=checkpointing)
+    assert_same_lora_grads(want, got)
 
 
 def test_unsupported_sd3_inputs_are_refused(comfy):
@@ -129,28 +95,13 @@ def test_unsupported_sd3_inputs_are_refused(comfy):
     from PipeTrain.engine.models import adapter_for
 
     model = _model()
-    adapter = adapter_for(model)
-    prepared = _prepare(model, batch=1)
-    prepared.kwargs["c_concat"] = torch.zeros_like(prepared.xt)
-    with pytest.raises(ConfigError, match="concat channels.*pipeline_stages to 1"):
-        adapter.first_stage_inputs(prepared)
-    prepared = _prepare(model, batch=1)
-    prepared.kwargs.pop("c_crossattn")
-    with pytest.raises(ConfigError, match="cross_attn"):
-        adapter.first_stage_inputs(prepared)
+    assert_text_only_inputs(model, _prepare)
     with pytest.raises(ConfigError, match="context processor"):
-        adapter.layers(_model(context_processor_layers=1, context_size=_SD3.text_width))
+        adapter_for(model).layers(_model(context_processor_layers=1, context_size=_SD3.text_width))
 
 
 def test_adapter_for_picks_sd3_and_only_sd3(comfy):
-    from PipeTrain.engine.models import ADAPTERS, adapter_for
-
-    model = _model()
-    assert adapter_for(model).name == "sd3"
-    assert [n for n, a in ADAPTERS.items() if a.matches(model)] == ["sd3"]
-    for family in fc.FAMILIES:  # every other family's tiny model (ComfyUI's own classes)
-        if family.name != "sd3":
-            assert not ADAPTERS["sd3"].matches(fc.build(family)), family.name
+    assert_only_adapter([_model()], "sd3", (f for f in fc.FAMILIES if f.name != "sd3"))
 
 
 @pytest.fixture(scope="module")
@@ -169,12 +120,6 @@ def sd3_files(comfy, tmp_path_factory):
 @pytest.mark.slow
 def test_two_stage_pipeline_trains_like_one_process(tmp_path, comfy_root, sd3_files):
     """2 DeepSpeed gloo ranks, one stage each: same losses and saved LoRA as one plain process."""
-    from engine_runs import assert_same_lora, pipeline_config, run_to_end
-
-    plain = run_to_end(pipeline_config(tmp_path / "plain", comfy_root, sd3_files, 1, 1, 1))
-    piped = run_to_end(pipeline_config(tmp_path / "piped", comfy_root, sd3_files, 2, 2, 1))
+    plain, piped = two_process_runs(tmp_path, comfy_root, sd3_files)
     assert "pipeline stage 2/2" in piped.log()
-    assert plain.losses() == pytest.approx(piped.losses(), rel=1e-5, abs=1e-7)
-    a = assert_same_lora(plain.cfg.run_dir, piped.cfg.run_dir, rtol=1e-4, atol=1e-5)
-    moved = [k for k in a if k.endswith("lora_B.weight") and a[k].abs().sum() > 0]
-    assert len(moved) == len([k for k in a if k.endswith("lora_B.weight")]), "a stage's LoRA never trained"
+    assert_every_lora_trained(assert_pipelined_like_plain(plain, piped))

@@ -12,15 +12,9 @@ from __future__ import annotations
 import family_configs as fc
 import pytest
 import torch
-from engine_runs import (
-    assert_same_lora,
-    loss_and_lora_grads,
-    pipeline_config,
-    run_to_end,
-    stage_layers_forward,
-    trainable_lora,
-)
-from PipeTrain.engine.config import ConfigError, LoraSpec
+from adapter_checks import assert_layers_equal_reference, assert_same_lora_grads, lora_grads, with_lora
+from engine_runs import assert_same_lora, pipeline_config, run_to_end
+from PipeTrain.engine.config import ConfigError
 
 SDXL = next(f for f in fc.FAMILIES if f.name == "sdxl")
 
@@ -69,19 +63,11 @@ CASES = {
 @pytest.mark.parametrize("case", list(CASES))
 def test_stage_layers_equal_comfyui_forward(comfy, case):
     """Running the adapter's layers one after another gives apply_model's output bit for bit."""
-    from PipeTrain.engine.models import adapter_for
-    from PipeTrain.engine.objective import transformer_options
-
     family = CASES[case]
     model = _model(family)
-    assert adapter_for(model).name == "unet"
     prepared = _prepared(model, family)
     assert ("y" in prepared.kwargs) == (family.supported == "SDXL")
-    with torch.no_grad():
-        reference = model.apply_model(prepared.xt, prepared.sigma, transformer_options=transformer_options(prepared.sigma),
-                                      **prepared.kwargs)
-        acts = stage_layers_forward(model, prepared)
-    assert torch.equal(acts, reference)
+    assert_layers_equal_reference(model, prepared, "unet")
 
 
 def test_skips_travel_only_until_the_output_block_that_pops_them(comfy):
@@ -109,27 +95,14 @@ def test_skips_travel_only_until_the_output_block_that_pops_them(comfy):
 
 def test_stage_layers_give_comfyui_lora_gradients(comfy):
     """With a LoRA on every block linear, backward through the layers gives apply_model's gradients."""
-    from PipeTrain.engine.lora import inject_lora
-    from PipeTrain.engine.objective import transformer_options
-
     model = _model(SDXL)
-    targets = inject_lora(model.diffusion_model, LoraSpec(rank=4, targets="all_linear"))
+    targets, lora = with_lora(model)
     for root in ("input_blocks.", "middle_block.", "output_blocks."):
         assert any(t.startswith(root) for t in targets), root
-    lora = trainable_lora(model)
     prepared = _prepared(model, SDXL)
 
-    def grads(run):
-        return loss_and_lora_grads(model, prepared, lora, run)
-
-    ref_loss, ref = grads(lambda: model.apply_model(prepared.xt, prepared.sigma,
-                                                    transformer_options=transformer_options(prepared.sigma),
-                                                    **prepared.kwargs))
-    loss, got = grads(lambda: stage_layers_forward(model, prepared))
-    assert torch.equal(loss, ref_loss)
-    assert got.keys() == ref.keys() and all(g.abs().sum() > 0 for g in ref.values())
-    for n in ref:
-        torch.testing.assert_close(got[n], ref[n], msg=n)
+    want, got = lora_grads(model, prepared, lora, "unet")
+    assert_same_lora_grads(want, got)
 
 
 def test_unet_variants_the_adapter_does_not_reproduce_are_refused(comfy):

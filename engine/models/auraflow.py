@@ -19,6 +19,7 @@ from torch import nn
 
 from ..config import ConfigError
 from ..objective import transformer_options
+from .common import EmbedLayer, HeadLayer, apply_model_start, refuse_unhandled, require_text
 
 _HANDLED = {"c_crossattn"}
 
@@ -28,31 +29,22 @@ def _tokens(dm, xt) -> tuple[int, int]:
     return (xt.shape[-2] + 1) // dm.patch_size, (xt.shape[-1] + 1) // dm.patch_size
 
 
-class _Embed(nn.Module):
+class _Embed(EmbedLayer):
     def __init__(self, base, join: bool):
-        super().__init__()
         dm = base.diffusion_model
-        # Own only the embedders (so DeepSpeed places and counts just them on this stage); the rest
-        # of the model is reached through plain references kept out of the module tree.
-        self.embedders = nn.ModuleList([dm.init_x_linear, dm.cond_seq_linear, dm.t_embedder])
+        super().__init__(base, [dm.init_x_linear, dm.cond_seq_linear, dm.t_embedder], join)  # join: no double layers
         self.positional_encoding = dm.positional_encoding  # parameters of the model itself
         self.register_tokens = dm.register_tokens
-        self.model_sampling = base.model_sampling
-        self._refs = (base, dm)
-        self.join = join  # only when the model has no double layers
 
     def forward(self, inputs):
-        import comfy.model_management
         import comfy.ops
 
         xt, sigma, context = inputs
-        (base, dm), ms = self._refs, self.model_sampling
+        base, dm = self._refs
 
         # BaseModel._apply_model
-        dtype = base.manual_cast_dtype or base.get_dtype()
-        xc = ms.calculate_input(sigma, xt).to(dtype)
-        t = base.process_timestep(ms.timestep(sigma).float(), x=xt)
-        context = comfy.model_management.cast_to_device(context, xc.device, dtype)
+        xc, t, context, _ = apply_model_start(base, sigma, xt, context)
+        t = base.process_timestep(t, x=xt)
 
         # MMDiT._forward, up to the blocks
         x = self._pos_embeds(dm, dm.init_x_linear(dm.patchify(xc)), *_tokens(dm, xc))
@@ -100,13 +92,8 @@ class _Single(nn.Module):
         return self.block(cx, global_cond, transformer_options=transformer_options(sigma)), global_cond, xt, sigma
 
 
-class _Head(nn.Module):
-    def __init__(self, base):
-        super().__init__()
-        dm = base.diffusion_model
-        self.modF, self.final_linear = dm.modF, dm.final_linear
-        self.model_sampling = base.model_sampling
-        self._dm = (dm,)  # for unpatchify; not a submodule
+class _Head(HeadLayer):
+    owned = ("modF", "final_linear")
 
     def forward(self, inputs):
         from comfy.ldm.aura.mmdit import modulate
@@ -136,15 +123,9 @@ class AuraFlowAdapter:
     @staticmethod
     def first_stage_inputs(prepared) -> tuple[torch.Tensor, ...]:
         kw = prepared.kwargs
-        extra = sorted(set(kw) - _HANDLED)
-        if extra:
-            what = {"c_concat": "concat channels", "y": "a pooled vector"}
-            named = sorted({what.get(k, k) for k in extra})
-            raise ConfigError(f"pipeline_stages > 1 for AuraFlow supports text-to-image only; this run also needs "
-                              f"{', '.join(named)}. Set pipeline_stages to 1 for this model.")
-        if kw.get("c_crossattn") is None:
-            raise ConfigError("pipeline_stages > 1 for AuraFlow needs text conditioning (cross_attn) in the cached "
-                              "dataset. Re-cache it with a text encoder, or set pipeline_stages to 1.")
+        refuse_unhandled(kw, _HANDLED, "AuraFlow", "text-to-image only",
+                         {"c_concat": "concat channels", "y": "a pooled vector"})
+        require_text(kw, "AuraFlow")
         return prepared.xt, prepared.sigma, kw["c_crossattn"]
 
     @staticmethod

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from ..config import ConfigError
-from ..objective import transformer_options
+from .common import EmbedLayer, HeadLayer, apply_model_start, block_options, keep_in_graph, refuse_unhandled
 
 # The kwargs of model.extra_conds this adapter reproduces; y and the reference latents are ones
 # Chroma's own forward takes and ignores.
@@ -31,38 +31,23 @@ _IGNORED = {"y", "ref_latents", "ref_latents_method"}
 _MOD_ROWS = 344  # forward_orig's hard-coded mod_index_length
 
 
-def _options(sigma, block_type: str, index: int, total: int) -> dict:
-    # What a block sees in ComfyUI: the caller's transformer_options (the engine's: sigmas) plus the
-    # keys forward_orig writes before each block. A fresh dict per call: models write into it.
-    return {**transformer_options(sigma), "block_type": block_type, "block_index": index, "total_blocks": total}
-
-
-class _Embed(nn.Module):
+class _Embed(EmbedLayer):
     def __init__(self, base, join: bool):
-        super().__init__()
         dm = base.diffusion_model
-        # Own only the embedders (so DeepSpeed places and counts just them on this stage); the rest
-        # of the model is reached through plain references kept out of the module tree.
-        self.embedders = nn.ModuleList([dm.img_in, dm.txt_in, dm.distilled_guidance_layer])
-        self.model_sampling = base.model_sampling
-        self._refs = (base, dm)
-        self.join = join  # only when the model has no double blocks
+        super().__init__(base, [dm.img_in, dm.txt_in, dm.distilled_guidance_layer], join)  # join: no double blocks
 
     def forward(self, inputs):
-        import comfy.model_management
         from comfy.ldm.flux.layers import timestep_embedding
         from comfy.model_base import convert_tensor
         from einops import rearrange, repeat
 
         xt, sigma, context, guidance = inputs
-        (base, dm), ms = self._refs, self.model_sampling
+        base, dm = self._refs
 
         # BaseModel._apply_model
-        dtype = base.manual_cast_dtype or base.get_dtype()
-        xc = ms.calculate_input(sigma, xt).to(dtype)
+        xc, t, context, dtype = apply_model_start(base, sigma, xt, context)
         device = xc.device
-        t = base.process_timestep(ms.timestep(sigma).float(), x=xt)
-        context = comfy.model_management.cast_to_device(context, device, dtype)
+        t = base.process_timestep(t, x=xt)
         guidance = convert_tensor(guidance, dtype, device)
 
         # Chroma._forward
@@ -113,7 +98,7 @@ class _Double(nn.Module):
         dm = self._dm[0]
         vec = (dm.get_modulations(mods, "double_img", idx=self.index), dm.get_modulations(mods, "double_txt", idx=self.index))
         img, txt = self.block(img=img, txt=txt, vec=vec, pe=pe, attn_mask=None,
-                              transformer_options=_options(sigma, "double", self.index, self.total))
+                              transformer_options=block_options(sigma, "double", self.index, self.total))
         if self.join:  # the last double block hands the single blocks one joint sequence
             return torch.cat((txt, img), 1), mods, pe, xt, sigma
         return img, txt, mods, pe, xt, sigma
@@ -130,17 +115,11 @@ class _Single(nn.Module):
         x, mods, pe, xt, sigma = inputs
         vec = self._dm[0].get_modulations(mods, "single", idx=self.index)
         x = self.block(x, vec=vec, pe=pe, attn_mask=None,
-                       transformer_options=_options(sigma, "single", self.index, self.total))
+                       transformer_options=block_options(sigma, "single", self.index, self.total))
         return x, mods, pe, xt, sigma
 
 
-class _Head(nn.Module):
-    def __init__(self, base):
-        super().__init__()
-        self.final_layer = base.diffusion_model.final_layer
-        self.model_sampling = base.model_sampling
-        self._dm = (base.diffusion_model,)
-
+class _Head(HeadLayer):
     def forward(self, inputs):
         from einops import rearrange
 
@@ -152,10 +131,8 @@ class _Head(nn.Module):
         img = x[:, x.shape[1] - h_len * w_len:]  # forward_orig drops the text tokens in front
         out = self.final_layer(img, vec=dm.get_modulations(mods, "final"))
         out = rearrange(out, "b (h w) (c ph pw) -> b c (h ph) (w pw)", h=h_len, w=w_len, ph=p, pw=p)[:, :, :h, :w]
-        denoised = self.model_sampling.calculate_denoised(sigma, out.float(), xt)
-        # DeepSpeed sends a gradient back for every float tensor a stage receives; keep pe, which the
-        # head does not use, in the graph (exactly zero contribution) so a head-only stage works.
-        return denoised + 0.0 * pe.sum().float()
+        # pe: unused here, kept in the graph for DeepSpeed (common.keep_in_graph)
+        return keep_in_graph(self.model_sampling.calculate_denoised(sigma, out.float(), xt), pe)
 
 
 class ChromaAdapter:
@@ -174,12 +151,8 @@ class ChromaAdapter:
     @staticmethod
     def first_stage_inputs(prepared) -> tuple[torch.Tensor, ...]:
         kw = prepared.kwargs
-        extra = sorted(set(kw) - _HANDLED - _IGNORED)
-        if extra:
-            what = {"attention_mask": "an attention mask", "c_concat": "concat channels"}
-            named = sorted({what.get(k, k) for k in extra})
-            raise ConfigError(f"pipeline_stages > 1 for Chroma supports text-to-image only; this run also needs "
-                              f"{', '.join(named)}. Set pipeline_stages to 1 for this model.")
+        refuse_unhandled(kw, _HANDLED | _IGNORED, "Chroma", "text-to-image only",
+                         {"attention_mask": "an attention mask", "c_concat": "concat channels"})
         if kw.get("guidance") is None:
             raise ConfigError("Chroma needs a guidance value in the conditioning (ComfyUI's default is 0; a "
                               "conditioning with guidance None cannot run Chroma). Re-cache the dataset without "

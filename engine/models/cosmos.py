@@ -24,43 +24,27 @@ from torch import nn
 
 from ..config import ConfigError
 from ..objective import transformer_options
+from .common import EmbedLayer, HeadLayer, apply_model_start, keep_in_graph, or_none, refuse_unhandled, stage_input
 from .cosmos_predict2 import number, number_tensor
 
 _HANDLED = {"c_crossattn", "c_concat", "fps"}
 _IGNORED = {"attention_mask"}
 
 
-def _or_none(t):
-    return None if t.numel() == 0 else t
-
-
-class _Embed(nn.Module):
+class _Embed(EmbedLayer):
     def __init__(self, base):
-        super().__init__()
         dm = base.diffusion_model
-        # Own only the embedders (so DeepSpeed places and counts just them on this stage); the rest
-        # of the model is reached through plain references kept out of the module tree.
-        self.embedders = nn.ModuleList([dm.x_embedder, dm.pos_embedder, dm.extra_pos_embedder, dm.t_embedder,
-                                        dm.affline_norm])
-        self.model_sampling = base.model_sampling
-        self._refs = (base, dm)
+        super().__init__(base, [dm.x_embedder, dm.pos_embedder, dm.extra_pos_embedder, dm.t_embedder, dm.affline_norm])
 
     def forward(self, inputs):
-        import comfy.model_management
         from einops import rearrange
 
         xt, sigma, context, concat, fps = inputs
-        (base, dm), ms = self._refs, self.model_sampling
+        base, dm = self._refs
 
-        # BaseModel._apply_model
-        xc = ms.calculate_input(sigma, xt)
-        if concat.numel():  # an empty tensor stands for "no c_concat"
-            xc = torch.cat([xc, comfy.model_management.cast_to_device(concat, xc.device, xc.dtype)], dim=1)
-        dtype = base.manual_cast_dtype or base.get_dtype()
-        xc = xc.to(dtype)
-        device = xc.device
-        t = base.process_timestep(ms.timestep(sigma).float(), x=xt)
-        context = comfy.model_management.cast_to_device(context, device, dtype)
+        # BaseModel._apply_model (an empty concat stands for "no c_concat")
+        xc, t, context, _ = apply_model_start(base, sigma, xt, context, or_none(concat))
+        t = base.process_timestep(t, x=xt)
 
         # GeneralDIT.forward_before_blocks and _forward, up to the blocks
         x, rope, extra_pos = dm.prepare_embedded_sequence(xc, fps=number(fps), padding_mask=None)
@@ -81,29 +65,20 @@ class _Block(nn.Module):
     def forward(self, inputs):
         x, emb, context, rope, adaln_lora, extra_pos, xt, sigma = inputs
         x = self.block(x + extra_pos, emb, context, None, rope_emb_L_1_1_D=rope,
-                       adaln_lora_B_3D=_or_none(adaln_lora), transformer_options=transformer_options(sigma))
+                       adaln_lora_B_3D=or_none(adaln_lora), transformer_options=transformer_options(sigma))
         return x.contiguous(), emb, context, rope, adaln_lora, extra_pos, xt, sigma
 
 
-class _Head(nn.Module):
-    def __init__(self, base):
-        super().__init__()
-        self.final_layer = base.diffusion_model.final_layer
-        self.model_sampling = base.model_sampling
-        self._dm = (base.diffusion_model,)  # for decoder_head; not a submodule
-
+class _Head(HeadLayer):
     def forward(self, inputs):
         from einops import rearrange
 
         x, emb, context, rope, adaln_lora, extra_pos, xt, sigma = inputs
         out = self._dm[0].decoder_head(x_B_T_H_W_D=rearrange(x, "T H W B D -> B T H W D"), emb_B_D=emb,
                                        crossattn_emb=None, origin_shape=xt.shape,  # only B, T, H, W are read
-                                       crossattn_mask=None, adaln_lora_B_3D=_or_none(adaln_lora))
-        denoised = self.model_sampling.calculate_denoised(sigma, out.float(), xt)
-        # DeepSpeed sends a gradient back for every float tensor a stage receives; keep the ones the
-        # head does not use in the graph (exactly zero contribution) so a head-only stage works.
-        unused = context.sum().float() + rope.sum().float() + extra_pos.sum().float()
-        return denoised + 0.0 * unused
+                                       crossattn_mask=None, adaln_lora_B_3D=or_none(adaln_lora))
+        # context, rope, extra_pos: unused here, kept in the graph for DeepSpeed (common.keep_in_graph)
+        return keep_in_graph(self.model_sampling.calculate_denoised(sigma, out.float(), xt), context, rope, extra_pos)
 
 
 class CosmosAdapter:
@@ -121,13 +96,9 @@ class CosmosAdapter:
     @staticmethod
     def first_stage_inputs(prepared) -> tuple[torch.Tensor, ...]:
         kw = prepared.kwargs
-        extra = sorted(set(kw) - _HANDLED - _IGNORED)
-        if extra:
-            raise ConfigError(f"pipeline_stages > 1 for Cosmos 1.0 supports text-to-video and image-to-video; this "
-                              f"run also needs {', '.join(extra)}. Set pipeline_stages to 1 for this model.")
+        refuse_unhandled(kw, _HANDLED | _IGNORED, "Cosmos 1.0", "text-to-video and image-to-video")
         xt = prepared.xt
-        concat = kw.get("c_concat")
-        return (xt, prepared.sigma, kw["c_crossattn"], xt.new_zeros((xt.shape[0], 0)) if concat is None else concat,
+        return (xt, prepared.sigma, kw["c_crossattn"], stage_input(kw.get("c_concat"), xt),
                 number_tensor(kw.get("fps"), "fps (frame_rate)", xt.device))
 
     @staticmethod

@@ -21,6 +21,7 @@ from torch import nn
 
 from ..config import ConfigError
 from ..objective import transformer_options
+from .common import EmbedLayer, HeadLayer, apply_model_start, keep_in_graph, or_none, refuse_unhandled, stage_input
 
 _HANDLED = {"c_crossattn", "c_concat", "fps", "denoise_mask"}
 
@@ -41,40 +42,24 @@ def number(t: torch.Tensor):
     return None if t.numel() == 0 else t.reshape(-1)[0].item()
 
 
-def _or_none(t):
-    return None if t.numel() == 0 else t
-
-
-class _Embed(nn.Module):
+class _Embed(EmbedLayer):
     def __init__(self, base):
-        super().__init__()
         dm = base.diffusion_model
-        # Own only the embedders (so DeepSpeed places and counts just them on this stage); the rest
-        # of the model is reached through plain references kept out of the module tree.
         embedders = [dm.x_embedder, dm.pos_embedder, dm.t_embedder, dm.t_embedding_norm]
         if dm.extra_per_block_abs_pos_emb:
             embedders.append(dm.extra_pos_embedder)
-        self.embedders = nn.ModuleList(embedders)
-        self.model_sampling = base.model_sampling
-        self._refs = (base, dm)
+        super().__init__(base, embedders)
 
     def forward(self, inputs):
-        import comfy.model_management
         from comfy.model_base import convert_tensor
 
         xt, sigma, context, concat, fps, denoise_mask = inputs
-        (base, dm), ms = self._refs, self.model_sampling
+        base, dm = self._refs
 
-        # BaseModel._apply_model (+ CosmosPredict2.process_timestep)
-        xc = ms.calculate_input(sigma, xt)
-        if concat.numel():  # an empty tensor stands for "no c_concat"
-            xc = torch.cat([xc, comfy.model_management.cast_to_device(concat, xc.device, xc.dtype)], dim=1)
-        dtype = base.manual_cast_dtype or base.get_dtype()
-        xc = xc.to(dtype)
-        device = xc.device
-        t = ms.timestep(sigma).float()
-        context = comfy.model_management.cast_to_device(context, device, dtype)
-        denoise_mask = None if denoise_mask.numel() == 0 else convert_tensor(denoise_mask, dtype, device)
+        # BaseModel._apply_model (+ CosmosPredict2.process_timestep); empty tensors stand for "absent"
+        xc, t, context, dtype = apply_model_start(base, sigma, xt, context, or_none(concat))
+        denoise_mask = or_none(denoise_mask)
+        denoise_mask = None if denoise_mask is None else convert_tensor(denoise_mask, dtype, xc.device)
         t = base.process_timestep(t, x=xt, denoise_mask=denoise_mask)
 
         # MiniTrainDIT._forward, up to the blocks
@@ -95,26 +80,17 @@ class _Block(nn.Module):
 
     def forward(self, inputs):
         x, emb, context, rope, adaln_lora, extra_pos, xt, sigma = inputs
-        x = self.block(x, emb, context, rope_emb_L_1_1_D=rope, adaln_lora_B_T_3D=_or_none(adaln_lora),
-                       extra_per_block_pos_emb=_or_none(extra_pos), transformer_options=transformer_options(sigma))
+        x = self.block(x, emb, context, rope_emb_L_1_1_D=rope, adaln_lora_B_T_3D=or_none(adaln_lora),
+                       extra_per_block_pos_emb=or_none(extra_pos), transformer_options=transformer_options(sigma))
         return x, emb, context, rope, adaln_lora, extra_pos, xt, sigma
 
 
-class _Head(nn.Module):
-    def __init__(self, base):
-        super().__init__()
-        self.final_layer = base.diffusion_model.final_layer
-        self.model_sampling = base.model_sampling
-        self._dm = (base.diffusion_model,)  # for its unpatchify; not a submodule
-
+class _Head(HeadLayer):
     def forward(self, inputs):
         x, emb, context, rope, adaln_lora, extra_pos, xt, sigma = inputs
-        out = self._dm[0].unpatchify(self.final_layer(x, emb, adaln_lora_B_T_3D=_or_none(adaln_lora)))
-        denoised = self.model_sampling.calculate_denoised(sigma, out.float(), xt)
-        # DeepSpeed sends a gradient back for every float tensor a stage receives; keep the ones the
-        # head does not use in the graph (exactly zero contribution) so a head-only stage works.
-        unused = context.sum().float() + rope.sum().float() + extra_pos.sum().float()
-        return denoised + 0.0 * unused
+        out = self._dm[0].unpatchify(self.final_layer(x, emb, adaln_lora_B_T_3D=or_none(adaln_lora)))
+        # context, rope, extra_pos: unused here, kept in the graph for DeepSpeed (common.keep_in_graph)
+        return keep_in_graph(self.model_sampling.calculate_denoised(sigma, out.float(), xt), context, rope, extra_pos)
 
 
 class CosmosPredict2Adapter:
@@ -132,17 +108,10 @@ class CosmosPredict2Adapter:
     @staticmethod
     def first_stage_inputs(prepared) -> tuple[torch.Tensor, ...]:
         kw = prepared.kwargs
-        extra = sorted(set(kw) - _HANDLED)
-        if extra:
-            raise ConfigError(f"pipeline_stages > 1 for Cosmos-Predict2 supports text-to-image/video and "
-                              f"image-to-video; this run also needs {', '.join(extra)}. Set pipeline_stages to 1 "
-                              "for this model.")
+        refuse_unhandled(kw, _HANDLED, "Cosmos-Predict2", "text-to-image/video and image-to-video")
         xt = prepared.xt
-        empty = xt.new_zeros((xt.shape[0], 0))  # a stage's inputs are a fixed tuple of tensors (no None)
-        concat, denoise_mask = kw.get("c_concat"), kw.get("denoise_mask")
-        return (xt, prepared.sigma, kw["c_crossattn"], empty if concat is None else concat,
-                number_tensor(kw.get("fps"), "fps (frame_rate)", xt.device),
-                empty if denoise_mask is None else denoise_mask)
+        return (xt, prepared.sigma, kw["c_crossattn"], stage_input(kw.get("c_concat"), xt),
+                number_tensor(kw.get("fps"), "fps (frame_rate)", xt.device), stage_input(kw.get("denoise_mask"), xt))
 
     @staticmethod
     def layers(base_model) -> list[nn.Module]:

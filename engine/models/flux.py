@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from ..config import ConfigError
+from .common import EmbedLayer, HeadLayer, apply_model_start, keep_in_graph, or_none, refuse_unhandled, stage_input
 
 # The kwargs of model.extra_conds this adapter reproduces; anything else means a variant it does not.
 _HANDLED = {"c_crossattn", "y", "guidance", "ref_latents", "ref_latents_method"}
@@ -40,38 +41,37 @@ def _join(img, txt):
     return torch.cat((txt, img), 1)
 
 
-class _Embed(nn.Module):
-    def __init__(self, base, join: bool):
-        super().__init__()
+class _Embed(EmbedLayer):
+    def __init__(self, base, join: bool, modulation=()):
         dm = base.diffusion_model
-        # Own only the embedders (so DeepSpeed places and counts just them on this stage); the rest
-        # of the model is reached through plain references kept out of the module tree.
-        embedders = [dm.img_in, dm.time_in, dm.txt_in]
+        embedders = [dm.img_in, dm.time_in, dm.txt_in, *modulation]  # modulation: Flux.2's shared layers
         if dm.params.guidance_embed:
             embedders.append(dm.guidance_in)
         if dm.vector_in is not None:
             embedders.append(dm.vector_in)
-        self.embedders = nn.ModuleList(embedders)
-        self.model_sampling = base.model_sampling
-        self._refs = (base, dm)
-        self.join = join  # only when the model has no double blocks
+        super().__init__(base, embedders, join)  # join: only when the model has no double blocks
 
     def forward(self, inputs):
+        img, txt, vec, pe, xt, sigma, marker = self.embed(inputs)
+        if self.join:
+            return _join(img, txt), vec, pe, xt, sigma, marker
+        return img, txt, vec, pe, xt, sigma, marker
+
+    def embed(self, inputs):
+        """Flux._forward and forward_orig up to the blocks (Flux.1 and Flux.2): img, txt, vec, pe, xt,
+        sigma and the reference marker."""
         from comfy.ldm.flux.layers import timestep_embedding
         from comfy.model_base import convert_tensor
 
         xt, sigma, context, y, guidance, method, *refs = inputs
-        (base, dm), ms = self._refs, self.model_sampling
+        base, dm = self._refs
         # An empty y / guidance stands for "absent" (first_stage_inputs keeps the tuple fixed).
-        y = None if y.numel() == 0 else y
-        guidance = None if guidance.numel() == 0 else guidance
+        y, guidance = or_none(y), or_none(guidance)
 
         # BaseModel._apply_model
-        dtype = base.manual_cast_dtype or base.get_dtype()
-        xc = ms.calculate_input(sigma, xt).to(dtype)
+        xc, t, context, dtype = apply_model_start(base, sigma, xt, context)
         device = xc.device
-        t = base.process_timestep(ms.timestep(sigma).float(), x=xt)
-        context = convert_tensor(context, dtype, device)
+        t = base.process_timestep(t, x=xt)
         y = None if y is None else convert_tensor(y, dtype, device)
         guidance = None if guidance is None else convert_tensor(guidance, dtype, device)
 
@@ -81,6 +81,9 @@ class _Embed(nn.Module):
                                                    _ref_method(dm, int(method.reshape(-1)[0])))
         txt_ids = torch.zeros((xc.shape[0], context.shape[1], len(dm.params.axes_dim)), device=device,
                               dtype=torch.float32)
+        if len(dm.params.axes_dim) == 4:  # Flux 2: the text position on the 4th axis
+            txt_ids[:, :, 3] = torch.linspace(0, context.shape[1] - 1, steps=context.shape[1], device=device,
+                                              dtype=torch.float32)
 
         # Flux.forward_orig, up to the blocks
         img = dm.img_in(img)
@@ -94,8 +97,6 @@ class _Embed(nn.Module):
         txt = dm.txt_in(context)
         pe = dm.pe_embedder(torch.cat((txt_ids, img_ids), dim=1))
         marker = torch.zeros((xt.shape[0], 1 + ref_tokens), device=device, dtype=torch.float32)
-        if self.join:
-            return _join(img, txt), vec, pe, xt, sigma, marker
         return img, txt, vec, pe, xt, sigma, marker
 
 
@@ -159,13 +160,7 @@ class _Single(nn.Module):
         return x, vec, pe, xt, sigma, refs
 
 
-class _Head(nn.Module):
-    def __init__(self, base):
-        super().__init__()
-        self.final_layer = base.diffusion_model.final_layer
-        self.model_sampling = base.model_sampling
-        self._dm = (base.diffusion_model,)  # for its patch size; not a submodule
-
+class _Head(HeadLayer):
     def forward(self, inputs):
         from einops import rearrange
 
@@ -180,34 +175,34 @@ class _Head(nn.Module):
         out = self.final_layer(img, vec)  # vec is vec_orig: plain Flux has no global modulation
         out = rearrange(out, "b (h w) (c ph pw) -> b c (h ph) (w pw)", h=h_len, w=w_len, ph=p, pw=p)
         out = out[:, :, :h_orig, :w_orig]
-        denoised = self.model_sampling.calculate_denoised(sigma, out.float(), xt)
-        # DeepSpeed sends a gradient back for every float tensor a stage receives; keep pe and refs,
-        # which the head does not use, in the graph (exactly zero contribution) so a head-only stage works.
-        return denoised + 0.0 * (pe.sum().float() + refs.sum())
+        # pe and refs: unused here, kept in the graph for DeepSpeed (common.keep_in_graph)
+        return keep_in_graph(self.model_sampling.calculate_denoised(sigma, out.float(), xt), pe, refs)
+
+
+def stage_layers(base_model, embed, double, single, head) -> list[nn.Module]:
+    """forward_orig's order (Flux.1 and Flux.2, each with its own layer classes): the embedding, the
+    double blocks (the last joins the streams), the single blocks, the head."""
+    dm = base_model.diffusion_model
+    doubles, singles = len(dm.double_blocks), len(dm.single_blocks)
+    return [embed(base_model, join=doubles == 0),
+            *[double(b, i, doubles, join=i == doubles - 1) for i, b in enumerate(dm.double_blocks)],
+            *[single(b, i, singles) for i, b in enumerate(dm.single_blocks)],
+            head(base_model)]
 
 
 def stage_inputs(prepared, family: str) -> tuple[torch.Tensor, ...]:
     """The first stage's inputs of a Flux-code model (Flux.1 and Flux.2 take the same conditioning):
     xt, sigma, context, y, guidance, reference method code, reference latents."""
     kw = prepared.kwargs
-    extra = sorted(set(kw) - _HANDLED)
-    if extra:
-        what = {"c_concat": "concat channels (Flux Fill / inpaint)",
-                "attention_mask": "an attention mask"}
-        named = sorted({what.get(k, k) for k in extra})
-        raise ConfigError(f"pipeline_stages > 1 for {family} supports text-to-image and reference latents only; this "
-                          f"run also needs {', '.join(named)}. Set pipeline_stages to 1 for this model.")
+    refuse_unhandled(kw, _HANDLED, family, "text-to-image and reference latents only",
+                     {"c_concat": "concat channels (Flux Fill / inpaint)", "attention_mask": "an attention mask"})
     xt = prepared.xt
-    # A stage's inputs are a fixed tuple of tensors (no None): an empty tensor stands for an
-    # absent pooled vector or guidance (FluxDisableGuidance), which the model then treats as None.
-    empty = xt.new_zeros((xt.shape[0], 0))
-    y = kw.get("y")
-    guidance = kw.get("guidance")
     method = kw.get("ref_latents_method")  # absent: the model's default; unknown names act as offset
     code = torch.tensor([-1 if method is None else _REF_METHODS.index(method) if method in _REF_METHODS else 0],
                         device=xt.device)
-    return (xt, prepared.sigma, kw["c_crossattn"], empty if y is None else y,
-            empty if guidance is None else guidance, code, *(kw.get("ref_latents") or ()))
+    # An absent pooled vector or guidance (FluxDisableGuidance) travels as common.stage_input's stand-in.
+    return (xt, prepared.sigma, kw["c_crossattn"], stage_input(kw.get("y"), xt), stage_input(kw.get("guidance"), xt),
+            code, *(kw.get("ref_latents") or ()))
 
 
 class FluxAdapter:
@@ -236,8 +231,4 @@ class FluxAdapter:
                 dm.params.in_channels > dm.params.out_channels:
             raise ConfigError("pipeline_stages > 1 is not available for Flux Fill / inpaint / control-LoRA models "
                               "(extra input channels). Set pipeline_stages to 1 for this model.")
-        doubles, singles = len(dm.double_blocks), len(dm.single_blocks)
-        return [_Embed(base_model, join=doubles == 0),
-                *[_Double(b, i, doubles, join=i == doubles - 1) for i, b in enumerate(dm.double_blocks)],
-                *[_Single(b, i, singles) for i, b in enumerate(dm.single_blocks)],
-                _Head(base_model)]
+        return stage_layers(base_model, _Embed, _Double, _Single, _Head)

@@ -5,8 +5,9 @@ Mirrors BaseModel._apply_model + Flux._forward/forward_orig of ComfyUI 0.3.75 on
 path: conditioning = the Mistral text context (Flux2.extra_conds left-pads it to 512 tokens), the
 guidance value for guidance-distilled files, and reference latents (ref_latents, any
 ref_latents_method; Flux.2's default is "index"). The text ids carry a 4th rope axis (the token
-position). Refused: attention masks, ControlNet. The reference handling, the first stage's inputs
-and the head are Flux.1's (engine/models/flux.py).
+position). Refused: attention masks, ControlNet. The embedding up to the blocks (the same ComfyUI
+functions), the reference handling, the first stage's inputs, the head and the order of the layers
+are Flux.1's (engine/models/flux.py).
 
 Unlike Flux.1, the blocks get no `vec`: three shared modulation layers turn vec once into the
 shift/scale/gate rows every double block (img + txt) and every single block reads. The embedding
@@ -25,15 +26,10 @@ import torch
 from torch import nn
 
 from ..config import ConfigError
-from ..objective import transformer_options
-from .flux import _add_references, _join, _ref_method, stage_inputs
+from .common import block_options, keep_in_graph
+from .flux import _Embed as _FluxEmbed
 from .flux import _Head as _FluxHead
-
-
-def _options(sigma, block_type: str, index: int, total: int) -> dict:
-    # The engine's transformer_options plus the keys forward_orig writes before each block; a fresh
-    # dict per call (models write into it).
-    return {**transformer_options(sigma), "block_type": block_type, "block_index": index, "total_blocks": total}
+from .flux import _join, stage_inputs, stage_layers
 
 
 def _pack(*mods) -> torch.Tensor:
@@ -47,65 +43,20 @@ def _unpack(packed: torch.Tensor, i: int):
     return ModulationOut(*(packed[:, 3 * i + k:3 * i + k + 1] for k in range(3)))
 
 
-class _Embed(nn.Module):
+class _Embed(_FluxEmbed):
+    """Flux.1's embedding (the same Flux._forward / forward_orig), plus the shared modulation rows."""
+
     def __init__(self, base, join: bool):
-        super().__init__()
         dm = base.diffusion_model
-        # Own only the embedders and the shared modulation layers; the rest of the model is reached
-        # through plain references kept out of the module tree.
-        embedders = [dm.img_in, dm.time_in, dm.txt_in, dm.double_stream_modulation_img,
-                     dm.double_stream_modulation_txt, dm.single_stream_modulation]
-        if dm.params.guidance_embed:
-            embedders.append(dm.guidance_in)
-        if dm.vector_in is not None:
-            embedders.append(dm.vector_in)
-        self.embedders = nn.ModuleList(embedders)
-        self.model_sampling = base.model_sampling
-        self._refs = (base, dm)
-        self.join = join  # only when the model has no double blocks
+        super().__init__(base, join, modulation=(dm.double_stream_modulation_img, dm.double_stream_modulation_txt,
+                                                 dm.single_stream_modulation))
 
     def forward(self, inputs):
-        from comfy.ldm.flux.layers import timestep_embedding
-        from comfy.model_base import convert_tensor
-
-        xt, sigma, context, y, guidance, method, *refs = inputs
-        (base, dm), ms = self._refs, self.model_sampling
-        y = None if y.numel() == 0 else y
-        guidance = None if guidance.numel() == 0 else guidance
-
-        # BaseModel._apply_model
-        dtype = base.manual_cast_dtype or base.get_dtype()
-        xc = ms.calculate_input(sigma, xt).to(dtype)
-        device = xc.device
-        t = base.process_timestep(ms.timestep(sigma).float(), x=xt)
-        context = convert_tensor(context, dtype, device)
-        y = None if y is None else convert_tensor(y, dtype, device)
-        guidance = None if guidance is None else convert_tensor(guidance, dtype, device)
-
-        # Flux._forward
-        img, img_ids = dm.process_img(xc, transformer_options={})
-        img, img_ids, ref_tokens = _add_references(dm, img, img_ids, xc, [convert_tensor(r, dtype, device) for r in refs],
-                                                   _ref_method(dm, int(method.reshape(-1)[0])))
-        txt_ids = torch.zeros((xc.shape[0], context.shape[1], len(dm.params.axes_dim)), device=device,
-                              dtype=torch.float32)
-        if len(dm.params.axes_dim) == 4:  # Flux 2: the text position on the 4th axis
-            txt_ids[:, :, 3] = torch.linspace(0, context.shape[1] - 1, steps=context.shape[1], device=device,
-                                              dtype=torch.float32)
-
-        # Flux.forward_orig, up to the blocks (and the single blocks' modulation)
-        img = dm.img_in(img)
-        vec = dm.time_in(timestep_embedding(t, 256).to(img.dtype))
-        if dm.params.guidance_embed and guidance is not None:
-            vec = vec + dm.guidance_in(timestep_embedding(guidance, 256).to(img.dtype))
-        if dm.vector_in is not None:
-            if y is None:
-                y = torch.zeros((img.shape[0], dm.params.vec_in_dim), device=img.device, dtype=img.dtype)
-            vec = vec + dm.vector_in(y[:, :dm.params.vec_in_dim])
-        txt = dm.txt_in(context)
+        img, txt, vec, pe, xt, sigma, marker = self.embed(inputs)
+        dm = self._refs[1]
+        # forward_orig's modulation of the blocks (the single blocks' rows: see the module docstring)
         dmods = _pack(*dm.double_stream_modulation_img(vec), *dm.double_stream_modulation_txt(vec))
         smods = _pack(dm.single_stream_modulation(vec)[0])
-        pe = dm.pe_embedder(torch.cat((txt_ids, img_ids), dim=1))
-        marker = torch.zeros((xt.shape[0], 1 + ref_tokens), device=device, dtype=torch.float32)
         if self.join:
             return _join(img, txt), smods, vec, pe, xt, sigma, marker
         return img, txt, dmods, smods, vec, pe, xt, sigma, marker
@@ -121,7 +72,7 @@ class _Double(nn.Module):
         img, txt, dmods, smods, vec, pe, xt, sigma, refs = inputs
         mods = ((_unpack(dmods, 0), _unpack(dmods, 1)), (_unpack(dmods, 2), _unpack(dmods, 3)))
         img, txt = self.block(img=img, txt=txt, vec=mods, pe=pe, attn_mask=None,
-                              transformer_options=_options(sigma, "double", self.index, self.total))
+                              transformer_options=block_options(sigma, "double", self.index, self.total))
         if self.join:  # the last double block hands the single blocks one joint sequence
             return _join(img, txt), smods, vec, pe, xt, sigma, refs
         return img, txt, dmods, smods, vec, pe, xt, sigma, refs
@@ -136,7 +87,7 @@ class _Single(nn.Module):
     def forward(self, inputs):
         x, smods, vec, pe, xt, sigma, refs = inputs
         x = self.block(x, vec=_unpack(smods, 0), pe=pe, attn_mask=None,
-                       transformer_options=_options(sigma, "single", self.index, self.total))
+                       transformer_options=block_options(sigma, "single", self.index, self.total))
         return x, smods, vec, pe, xt, sigma, refs
 
 
@@ -145,8 +96,8 @@ class _Head(_FluxHead):
 
     def forward(self, inputs):
         x, smods, vec, pe, xt, sigma, refs = inputs
-        # smods is unused here: keep it in the graph (exactly zero contribution) for DeepSpeed.
-        return super().forward((x, vec, pe, xt, sigma, refs)) + 0.0 * smods.sum().float()
+        # smods is unused here: kept in the graph for DeepSpeed (common.keep_in_graph).
+        return keep_in_graph(super().forward((x, vec, pe, xt, sigma, refs)), smods)
 
 
 class Flux2Adapter:
@@ -173,8 +124,4 @@ class Flux2Adapter:
         if dm.img_in.weight.shape[1] != dm.params.in_channels * dm.patch_size ** 2:
             raise ConfigError("pipeline_stages > 1 is not available for Flux.2 models with extra input channels. "
                               "Set pipeline_stages to 1 for this model.")
-        doubles, singles = len(dm.double_blocks), len(dm.single_blocks)
-        return [_Embed(base_model, join=doubles == 0),
-                *[_Double(b, i, doubles, join=i == doubles - 1) for i, b in enumerate(dm.double_blocks)],
-                *[_Single(b, i, singles) for i, b in enumerate(dm.single_blocks)],
-                _Head(base_model)]
+        return stage_layers(base_model, _Embed, _Double, _Single, _Head)

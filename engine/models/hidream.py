@@ -26,6 +26,7 @@ from torch import nn
 
 from ..config import ConfigError
 from ..objective import transformer_options
+from .common import EmbedLayer, HeadLayer, apply_model_start, refuse_unhandled
 
 _HANDLED = {"c_crossattn", "y", "encoder_hidden_states_llama3"}
 
@@ -36,33 +37,24 @@ def _patches(dm, xt) -> tuple[int, int]:
     return -(-xt.shape[-2] // p), -(-xt.shape[-1] // p)
 
 
-class _Embed(nn.Module):
+class _Embed(EmbedLayer):
     def __init__(self, base, join: bool):
-        super().__init__()
         dm = base.diffusion_model
-        # Own only the embedders and the text projections (so DeepSpeed places and counts just them
-        # on this stage); the rest of the model is reached through plain references.
-        self.embedders = nn.ModuleList([dm.t_embedder, dm.p_embedder, dm.x_embedder, dm.caption_projection])
-        self.model_sampling = base.model_sampling
-        self._refs = (base, dm)
-        self.join = join  # only when the model has no double blocks
+        # the embedders and the text projections; join: only when the model has no double blocks
+        super().__init__(base, [dm.t_embedder, dm.p_embedder, dm.x_embedder, dm.caption_projection], join)
 
     def forward(self, inputs):
         import comfy.ldm.common_dit
-        import comfy.model_management
         from comfy.model_base import convert_tensor
         from einops import repeat
 
         xt, sigma, context, y, llama3 = inputs
-        (base, dm), ms = self._refs, self.model_sampling
+        base, dm = self._refs
 
         # BaseModel._apply_model
-        dtype = base.manual_cast_dtype or base.get_dtype()
-        xc = ms.calculate_input(sigma, xt).to(dtype)
-        device = xc.device
-        t = base.process_timestep(ms.timestep(sigma).float(), x=xt)
-        context = comfy.model_management.cast_to_device(context, device, dtype)
-        y, llama3 = convert_tensor(y, dtype, device), convert_tensor(llama3, dtype, device)
+        xc, t, context, dtype = apply_model_start(base, sigma, xt, context)
+        t = base.process_timestep(t, x=xt)
+        y, llama3 = convert_tensor(y, dtype, xc.device), convert_tensor(llama3, dtype, xc.device)
 
         # _forward, up to the blocks
         hidden = comfy.ldm.common_dit.pad_to_patch_size(xc, (dm.patch_size, dm.patch_size))
@@ -128,13 +120,7 @@ class _Single(nn.Module):
         return x, llama, adaln, rope, xt, sigma
 
 
-class _Head(nn.Module):
-    def __init__(self, base):
-        super().__init__()
-        self.final_layer = base.diffusion_model.final_layer
-        self.model_sampling = base.model_sampling
-        self._dm = (base.diffusion_model,)  # for unpatchify; not a submodule
-
+class _Head(HeadLayer):
     def forward(self, inputs):
         x, adaln, xt, sigma = inputs
         dm = self._dm[0]
@@ -159,12 +145,8 @@ class HiDreamAdapter:
     @staticmethod
     def first_stage_inputs(prepared) -> tuple[torch.Tensor, ...]:
         kw = prepared.kwargs
-        extra = sorted(set(kw) - _HANDLED)
-        if extra:
-            what = {"image_cond": "an edit image (HiDream E1, concat_latent_image)", "c_concat": "concat channels"}
-            named = sorted({what.get(k, k) for k in extra})
-            raise ConfigError(f"pipeline_stages > 1 for HiDream supports text-to-image only; this run also needs "
-                              f"{', '.join(named)}. Set pipeline_stages to 1 for this model.")
+        refuse_unhandled(kw, _HANDLED, "HiDream", "text-to-image only",
+                         {"image_cond": "an edit image (HiDream E1, concat_latent_image)", "c_concat": "concat channels"})
         missing = [name for key, name in (("c_crossattn", "cross_attn (T5)"), ("y", "pooled_output"),
                                           ("encoder_hidden_states_llama3", "conditioning_llama3"))
                    if kw.get(key) is None]

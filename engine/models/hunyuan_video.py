@@ -25,17 +25,12 @@ from torch import nn
 
 from ..config import ConfigError
 from ..objective import transformer_options
+from .common import EmbedLayer, HeadLayer, apply_model_start, block_options, keep_in_graph, or_none, stage_input
 
 # The kwargs of model.extra_conds this adapter reproduces; anything else means a variant it does not.
 _HANDLED = {"c_crossattn", "y", "guidance", "c_concat", "txt_byt5", "clip_fea", "guiding_frame_index",
             "ref_latent", "disable_time_r"}
 _INPUTS = ("y", "guidance", "c_concat", "txt_byt5", "clip_fea", "guiding_frame_index", "ref_latent")
-
-
-def _options(sigma, block_type: str, index: int, total: int) -> dict:
-    # The engine's transformer_options plus the keys forward_orig writes before each block; a fresh
-    # dict per call (models write into it).
-    return {**transformer_options(sigma), "block_type": block_type, "block_index": index, "total_blocks": total}
 
 
 def _modulation_dims(dm, vec, xt):
@@ -47,38 +42,27 @@ def _modulation_dims(dm, vec, xt):
     return [(0, frame_tokens, 0), (frame_tokens, None, 1)], [(0, None, 1)]
 
 
-class _Embed(nn.Module):
+class _Embed(EmbedLayer):
     def __init__(self, base, join: bool):
-        super().__init__()
         dm = base.diffusion_model
-        # Own only the embedders (so DeepSpeed places and counts just them on this stage); the rest
-        # of the model is reached through plain references kept out of the module tree.
         names = ("img_in", "time_in", "vector_in", "guidance_in", "txt_in", "byt5_in", "time_r_in", "vision_in",
                  "cond_type_embedding")
-        self.embedders = nn.ModuleList([getattr(dm, n) for n in names if getattr(dm, n, None) is not None])
-        self.model_sampling = base.model_sampling
-        self._refs = (base, dm)
-        self.join = join  # only when the model has no double blocks
+        # join: only when the model has no double blocks
+        super().__init__(base, [getattr(dm, n) for n in names if getattr(dm, n, None) is not None], join)
 
     def forward(self, inputs):
-        import comfy.model_management
         from comfy.ldm.flux.layers import timestep_embedding
         from comfy.model_base import convert_tensor
 
         xt, sigma, context, *extra = inputs
-        (base, dm), ms = self._refs, self.model_sampling
+        base, dm = self._refs
         # An empty tensor stands for "absent" (first_stage_inputs keeps the tuple fixed).
-        y, guidance, concat, byt5, clip_fea, frame_index, ref = (None if t.numel() == 0 else t for t in extra)
+        y, guidance, concat, byt5, clip_fea, frame_index, ref = (or_none(t) for t in extra)
 
         # BaseModel._apply_model
-        xc = ms.calculate_input(sigma, xt)
-        if concat is not None:
-            xc = torch.cat([xc, comfy.model_management.cast_to_device(concat, xc.device, xc.dtype)], dim=1)
-        dtype = base.manual_cast_dtype or base.get_dtype()
-        xc = xc.to(dtype)
+        xc, t, context, dtype = apply_model_start(base, sigma, xt, context, concat)
         device = xc.device
-        t = base.process_timestep(ms.timestep(sigma).float(), x=xt)
-        context = comfy.model_management.cast_to_device(context, device, dtype)
+        t = base.process_timestep(t, x=xt)
         y, guidance, byt5, clip_fea, frame_index, ref = (None if v is None else convert_tensor(v, dtype, device)
                                                          for v in (y, guidance, byt5, clip_fea, frame_index, ref))
         opts = transformer_options(sigma)
@@ -155,7 +139,7 @@ class _Double(nn.Module):
         dims, dims_txt = _modulation_dims(self._dm[0], vec, xt)
         img, txt = self.block(img=img, txt=txt, vec=vec, pe=pe, attn_mask=None, modulation_dims_img=dims,
                               modulation_dims_txt=dims_txt,
-                              transformer_options=_options(sigma, "double", self.index, self.total))
+                              transformer_options=block_options(sigma, "double", self.index, self.total))
         if self.join:  # the last double block hands the single blocks one joint sequence, image first
             return torch.cat((img, txt), 1), vec, pe, xt, sigma, refs
         return img, txt, vec, pe, xt, sigma, refs
@@ -172,17 +156,11 @@ class _Single(nn.Module):
         x, vec, pe, xt, sigma, refs = inputs
         dims, _ = _modulation_dims(self._dm[0], vec, xt)
         x = self.block(x, vec=vec, pe=pe, attn_mask=None, modulation_dims=dims,
-                       transformer_options=_options(sigma, "single", self.index, self.total))
+                       transformer_options=block_options(sigma, "single", self.index, self.total))
         return x, vec, pe, xt, sigma, refs
 
 
-class _Head(nn.Module):
-    def __init__(self, base):
-        super().__init__()
-        self.final_layer = base.diffusion_model.final_layer
-        self.model_sampling = base.model_sampling
-        self._dm = (base.diffusion_model,)
-
+class _Head(HeadLayer):
     def forward(self, inputs):
         x, vec, pe, xt, sigma, refs = inputs
         dm = self._dm[0]
@@ -197,10 +175,8 @@ class _Head(nn.Module):
             out = out.permute(0, 4, 1, 5, 2, 6, 3, 7).reshape(xt.shape[0], dm.out_channels, *xt.shape[2:5])
         else:
             out = out.permute(0, 3, 1, 4, 2, 5).reshape(xt.shape[0], dm.out_channels, *xt.shape[2:4])
-        denoised = self.model_sampling.calculate_denoised(sigma, out.float(), xt)
-        # DeepSpeed sends a gradient back for every float tensor a stage receives; keep pe and refs,
-        # which the head does not use, in the graph (exactly zero contribution) so a head-only stage works.
-        return denoised + 0.0 * (pe.sum().float() + refs.sum())
+        # pe and refs: unused here, kept in the graph for DeepSpeed (common.keep_in_graph)
+        return keep_in_graph(self.model_sampling.calculate_denoised(sigma, out.float(), xt), pe, refs)
 
 
 def _base_classes():
@@ -232,9 +208,7 @@ class HunyuanVideoAdapter:
             raise ConfigError(f"pipeline_stages > 1 for HunyuanVideo / HunyuanImage 2.1 / HunyuanVideo 1.5 does not "
                               f"reproduce {', '.join(named)}. Set pipeline_stages to 1 for this model.")
         xt = prepared.xt
-        # A stage's inputs are a fixed tuple of tensors (no None): an empty tensor stands for an absent one.
-        empty = xt.new_zeros((xt.shape[0], 0))
-        return (xt, prepared.sigma, kw["c_crossattn"], *(empty if kw.get(k) is None else kw[k] for k in _INPUTS))
+        return (xt, prepared.sigma, kw["c_crossattn"], *(stage_input(kw.get(k), xt) for k in _INPUTS))
 
     @staticmethod
     def layers(base_model) -> list[nn.Module]:

@@ -25,6 +25,7 @@ from torch import nn
 
 from ..config import ConfigError
 from ..objective import transformer_options
+from .common import EmbedLayer, HeadLayer, apply_model_start, keep_in_graph, or_none, refuse_unhandled, stage_input
 
 _HANDLED = {"c_crossattn", "attention_mask", "frame_rate", "denoise_mask", "keyframe_idxs"}
 
@@ -34,33 +35,24 @@ def _additive(mask, dtype):
     return (mask - 1).to(dtype).reshape((mask.shape[0], 1, -1, mask.shape[-1])) * torch.finfo(dtype).max
 
 
-class _Embed(nn.Module):
+class _Embed(EmbedLayer):
     def __init__(self, base):
-        super().__init__()
         dm = base.diffusion_model
-        # Own only the embedders (so DeepSpeed places and counts just them on this stage); the rest
-        # of the model is reached through plain references kept out of the module tree.
-        self.embedders = nn.ModuleList([dm.patchify_proj, dm.adaln_single, dm.caption_projection])
-        self.model_sampling = base.model_sampling
-        self._refs = (base, dm)
+        super().__init__(base, [dm.patchify_proj, dm.adaln_single, dm.caption_projection])
 
     def forward(self, inputs):
-        import comfy.model_management
         from comfy.ldm.lightricks.model import latent_to_pixel_coords, precompute_freqs_cis
         from comfy.model_base import convert_tensor
 
         xt, sigma, context, mask, frame_rate, denoise_mask, keyframe_idxs = inputs
-        (base, dm), ms = self._refs, self.model_sampling
+        base, dm = self._refs
 
-        # BaseModel._apply_model (+ LTXV.process_timestep)
-        dtype = base.manual_cast_dtype or base.get_dtype()
-        xc = ms.calculate_input(sigma, xt).to(dtype)
+        # BaseModel._apply_model (+ LTXV.process_timestep); empty tensors stand for "absent"
+        xc, t, context, dtype = apply_model_start(base, sigma, xt, context)
         device = xc.device
-        t = ms.timestep(sigma).float()
-        context = comfy.model_management.cast_to_device(context, device, dtype)
         mask = convert_tensor(mask, dtype, device)
-        denoise_mask = None if denoise_mask.numel() == 0 else convert_tensor(denoise_mask, dtype, device)
-        keyframe_idxs = None if keyframe_idxs.numel() == 0 else convert_tensor(keyframe_idxs, dtype, device)
+        denoise_mask, keyframe_idxs = (None if v is None else convert_tensor(v, dtype, device)
+                                       for v in (or_none(denoise_mask), or_none(keyframe_idxs)))
         t = base.process_timestep(t, x=xt, denoise_mask=denoise_mask)
         frame_rate = frame_rate.reshape(-1)[0].item()  # a Python number in ComfyUI (CONDConstant)
 
@@ -96,14 +88,8 @@ class _Block(nn.Module):
         return x, context, mask, timestep, embedded, pe, xt, sigma
 
 
-class _Head(nn.Module):
-    def __init__(self, base):
-        super().__init__()
-        dm = base.diffusion_model
-        self.norm_out, self.proj_out = dm.norm_out, dm.proj_out
-        self.scale_shift_table = dm.scale_shift_table  # the model's own parameter, placed with the head
-        self.model_sampling = base.model_sampling
-        self._dm = (dm,)  # for its patchifier; not a submodule
+class _Head(HeadLayer):
+    owned = ("norm_out", "proj_out", "scale_shift_table")  # the table: the model's own parameter
 
     def forward(self, inputs):
         x, context, _mask, timestep, embedded, pe, xt, sigma = inputs  # the mask is integer: no gradient
@@ -117,11 +103,8 @@ class _Head(nn.Module):
         out = dm.patchifier.unpatchify(latents=x, output_height=shape[3], output_width=shape[4],
                                        output_num_frames=shape[2],
                                        out_channels=shape[1] // math.prod(dm.patchifier.patch_size))
-        denoised = self.model_sampling.calculate_denoised(sigma, out.float(), xt)
-        # DeepSpeed sends a gradient back for every float tensor a stage receives; keep the ones the
-        # head does not use in the graph (exactly zero contribution) so a head-only stage works.
-        unused = context.sum().float() + timestep.sum().float() + pe.sum().float()
-        return denoised + 0.0 * unused
+        # context, timestep, pe: unused here, kept in the graph for DeepSpeed (common.keep_in_graph)
+        return keep_in_graph(self.model_sampling.calculate_denoised(sigma, out.float(), xt), context, timestep, pe)
 
 
 class LTXVAdapter:
@@ -139,11 +122,7 @@ class LTXVAdapter:
     @staticmethod
     def first_stage_inputs(prepared) -> tuple[torch.Tensor, ...]:
         kw = prepared.kwargs
-        extra = sorted(set(kw) - _HANDLED)
-        if extra:
-            raise ConfigError(f"pipeline_stages > 1 for LTX-Video supports text-to-video, image-to-video and "
-                              f"keyframe guides; this run also needs {', '.join(extra)}. Set pipeline_stages to 1 "
-                              "for this model.")
+        refuse_unhandled(kw, _HANDLED, "LTX-Video", "text-to-video, image-to-video and keyframe guides")
         mask = kw.get("attention_mask")
         if mask is None:
             raise ConfigError("LTX-Video needs the text attention mask its text encoder makes, and this cached "
@@ -156,12 +135,10 @@ class LTXVAdapter:
             raise ConfigError(f"LTX-Video's frame_rate conditioning must be a number, not {type(frame_rate).__name__}:"
                               " set it with LTXVConditioning, or set pipeline_stages to 1.")
         xt = prepared.xt
-        empty = xt.new_zeros((xt.shape[0], 0))  # a stage's inputs are a fixed tuple of tensors (no None)
         # float64 holds any Python float exactly, so the embedding computes with ComfyUI's very number.
         rate = torch.tensor([float(frame_rate)], dtype=torch.float64, device=xt.device)
-        denoise_mask, keyframe_idxs = kw.get("denoise_mask"), kw.get("keyframe_idxs")
-        return (xt, prepared.sigma, kw["c_crossattn"], mask, rate,
-                empty if denoise_mask is None else denoise_mask, empty if keyframe_idxs is None else keyframe_idxs)
+        return (xt, prepared.sigma, kw["c_crossattn"], mask, rate, stage_input(kw.get("denoise_mask"), xt),
+                stage_input(kw.get("keyframe_idxs"), xt))
 
     @staticmethod
     def layers(base_model) -> list[nn.Module]:

@@ -26,6 +26,7 @@ from torch import nn
 
 from ..config import ConfigError
 from ..objective import transformer_options
+from .common import EmbedLayer, HeadLayer, apply_model_start, keep_in_graph, refuse_unhandled
 
 _HANDLED = {"c_crossattn", "num_tokens"}
 
@@ -40,32 +41,23 @@ def _image_tokens(dm, h: int, w: int) -> tuple[int, int, int, int]:
     return tokens, padded, hp, wp
 
 
-class _Embed(nn.Module):
+class _Embed(EmbedLayer):
     def __init__(self, base, join: bool):
-        super().__init__()
         dm = base.diffusion_model
-        # Own only the embedders (so DeepSpeed places and counts just them on this stage); the rest
-        # of the model is reached through plain references kept out of the module tree.
-        self.embedders = nn.ModuleList([dm.t_embedder, dm.cap_embedder, dm.x_embedder])
+        super().__init__(base, [dm.t_embedder, dm.cap_embedder, dm.x_embedder], join)  # join: no refiner layers
         if dm.pad_tokens_multiple is not None:
             self.x_pad_token, self.cap_pad_token = dm.x_pad_token, dm.cap_pad_token
-        self.model_sampling = base.model_sampling
-        self._refs = (base, dm)
-        self.join = join  # only when the model has no refiner layers
 
     def forward(self, inputs):
         import comfy.ldm.common_dit
-        import comfy.model_management
 
         xt, sigma, context = inputs
-        (base, dm), ms = self._refs, self.model_sampling
+        base, dm = self._refs
 
         # BaseModel._apply_model
-        dtype = base.manual_cast_dtype or base.get_dtype()
-        xc = ms.calculate_input(sigma, xt).to(dtype)
+        xc, t, context, _ = apply_model_start(base, sigma, xt, context)
         device = xc.device
-        timesteps = base.process_timestep(ms.timestep(sigma).float(), x=xt)
-        context = comfy.model_management.cast_to_device(context, device, dtype)
+        timesteps = base.process_timestep(t, x=xt)
 
         # NextDiT._forward, up to patchify_and_embed
         x = comfy.ldm.common_dit.pad_to_patch_size(xc, (dm.patch_size, dm.patch_size))
@@ -143,13 +135,7 @@ class _Layer(nn.Module):
         return x, freqs_cis, adaln, xt, sigma
 
 
-class _Head(nn.Module):
-    def __init__(self, base):
-        super().__init__()
-        self.final_layer = base.diffusion_model.final_layer
-        self.model_sampling = base.model_sampling
-        self._dm = (base.diffusion_model,)  # for unpatchify and the patch size; not a submodule
-
+class _Head(HeadLayer):
     def forward(self, inputs):
         x, freqs_cis, adaln, xt, sigma = inputs
         dm = self._dm[0]
@@ -158,10 +144,8 @@ class _Head(nn.Module):
         cap_len = x.shape[1] - padded
         x = dm.final_layer(x, adaln)
         out = dm.unpatchify(x, [(hp, wp)] * x.shape[0], [cap_len] * x.shape[0], return_tensor=True)[:, :, :h, :w]
-        denoised = self.model_sampling.calculate_denoised(sigma, (-out).float(), xt)
-        # DeepSpeed sends a gradient back for every float tensor a stage receives; keep freqs_cis,
-        # which the head does not use, in the graph (exactly zero contribution) so a head-only stage works.
-        return denoised + 0.0 * freqs_cis.sum().float()
+        # freqs_cis: unused here, kept in the graph for DeepSpeed (common.keep_in_graph)
+        return keep_in_graph(self.model_sampling.calculate_denoised(sigma, (-out).float(), xt), freqs_cis)
 
 
 class LuminaAdapter:
@@ -184,10 +168,7 @@ class LuminaAdapter:
                               "cache holds a padded text mask (attention_mask), which ComfyUI 0.3.75 passes to "
                               "attention as integers (an error on GPU). Re-cache the text unpadded (one prompt per "
                               "item), or set pipeline_stages to 1 for this model.")
-        extra = sorted(set(kw) - _HANDLED)
-        if extra:
-            raise ConfigError(f"pipeline_stages > 1 for Lumina 2 / Z-Image supports text-to-image only; this run also "
-                              f"needs {', '.join(extra)}. Set pipeline_stages to 1 for this model.")
+        refuse_unhandled(kw, _HANDLED, "Lumina 2 / Z-Image", "text-to-image only")
         return prepared.xt, prepared.sigma, kw["c_crossattn"]
 
     @staticmethod

@@ -25,6 +25,7 @@ from torch import nn
 
 from ..config import ConfigError
 from ..objective import transformer_options
+from .common import EmbedLayer, HeadLayer, apply_model_start, keep_in_graph, refuse_unhandled
 
 _HANDLED = {"c_crossattn", "num_tokens", "ref_latents"}
 
@@ -35,17 +36,12 @@ def _join(txt, img, ref):
     return torch.cat([txt, combined], dim=1)
 
 
-class _Embed(nn.Module):
+class _Embed(EmbedLayer):
     def __init__(self, base, join: bool):
-        super().__init__()
         dm = base.diffusion_model
-        # Own only the embedders (so DeepSpeed places and counts just them on this stage); the rest
-        # of the model is reached through plain references kept out of the module tree.
-        self.embedders = nn.ModuleList([dm.time_caption_embed, dm.x_embedder, dm.ref_image_patch_embedder])
+        # join: only when the model has no refiner layers
+        super().__init__(base, [dm.time_caption_embed, dm.x_embedder, dm.ref_image_patch_embedder], join)
         self.image_index_embedding = dm.image_index_embedding
-        self.model_sampling = base.model_sampling
-        self._refs = (base, dm)
-        self.join = join  # only when the model has no refiner layers
 
     def forward(self, inputs):
         import comfy.ldm.common_dit
@@ -53,14 +49,12 @@ class _Embed(nn.Module):
         from comfy.model_base import convert_tensor
 
         xt, sigma, context, *refs = inputs
-        (base, dm), ms = self._refs, self.model_sampling
+        base, dm = self._refs
 
         # BaseModel._apply_model
-        dtype = base.manual_cast_dtype or base.get_dtype()
-        xc = ms.calculate_input(sigma, xt).to(dtype)
+        xc, t, context, dtype = apply_model_start(base, sigma, xt, context)
         device = xc.device
-        timesteps = base.process_timestep(ms.timestep(sigma).float(), x=xt)
-        context = comfy.model_management.cast_to_device(context, device, dtype)
+        timesteps = base.process_timestep(t, x=xt)
         refs = [convert_tensor(r, dtype, device) for r in refs] or None
 
         # OmniGen2Transformer2DModel.forward, up to the refiners
@@ -122,12 +116,8 @@ class _Layer(nn.Module):
         return x, rotary_emb, temb, xt, sigma
 
 
-class _Head(nn.Module):
-    def __init__(self, base):
-        super().__init__()
-        self.norm_out = base.diffusion_model.norm_out
-        self.model_sampling = base.model_sampling
-        self._dm = (base.diffusion_model,)  # for the patch size; not a submodule
+class _Head(HeadLayer):
+    owned = ("norm_out",)
 
     def forward(self, inputs):
         from einops import rearrange
@@ -139,10 +129,8 @@ class _Head(nn.Module):
         x = self.norm_out(x, temb)
         out = rearrange(x[:, -(hp // p) * (wp // p):], "b (h w) (p1 p2 c) -> b c (h p1) (w p2)",
                         h=hp // p, w=wp // p, p1=p, p2=p)[:, :, :h, :w]
-        denoised = self.model_sampling.calculate_denoised(sigma, (-out).float(), xt)
-        # DeepSpeed sends a gradient back for every float tensor a stage receives; keep rotary_emb,
-        # which the head does not use, in the graph (exactly zero contribution) so a head-only stage works.
-        return denoised + 0.0 * rotary_emb.sum().float()
+        # rotary_emb: unused here, kept in the graph for DeepSpeed (common.keep_in_graph)
+        return keep_in_graph(self.model_sampling.calculate_denoised(sigma, (-out).float(), xt), rotary_emb)
 
 
 class OmniGen2Adapter:
@@ -169,10 +157,7 @@ class OmniGen2Adapter:
             raise ConfigError("OmniGen2 needs the text encoder's attention_mask in the cached conditioning (ComfyUI "
                               "makes num_tokens from it). Re-cache the dataset with OmniGen2's own text encoder "
                               "(Qwen2.5-VL), which stores it.")
-        extra = sorted(set(kw) - _HANDLED)
-        if extra:
-            raise ConfigError(f"pipeline_stages > 1 for OmniGen2 supports text and reference latents only; this run "
-                              f"also needs {', '.join(extra)}. Set pipeline_stages to 1 for this model.")
+        refuse_unhandled(kw, _HANDLED, "OmniGen2", "text and reference latents only")
         return (prepared.xt, prepared.sigma, context, *(kw.get("ref_latents") or ()))
 
     @staticmethod

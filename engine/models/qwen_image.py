@@ -17,40 +17,26 @@ import torch
 from torch import nn
 
 from ..config import ConfigError
-from ..objective import transformer_options
+from .common import EmbedLayer, HeadLayer, apply_model_start, block_options, refuse_unhandled
 
 _HANDLED = {"c_crossattn", "ref_latents", "ref_latents_method"}
 
 
-def _options(sigma, index: int, total: int) -> dict:
-    # The caller's transformer_options (the engine's: sigmas) plus what _forward writes before each
-    # block; a fresh dict per call, since models write into it.
-    return {**transformer_options(sigma), "block_type": "double", "block_index": index, "total_blocks": total}
-
-
-class _Embed(nn.Module):
+class _Embed(EmbedLayer):
     def __init__(self, base):
-        super().__init__()
         dm = base.diffusion_model
-        # Own only the embedders (so DeepSpeed places and counts just them on this stage); the rest
-        # of the model is reached through plain references kept out of the module tree.
-        self.embedders = nn.ModuleList([dm.img_in, dm.txt_norm, dm.txt_in, dm.time_text_embed])
-        self.model_sampling = base.model_sampling
-        self._refs = (base, dm)
+        super().__init__(base, [dm.img_in, dm.txt_norm, dm.txt_in, dm.time_text_embed])
 
     def forward(self, inputs):
-        import comfy.model_management
         from comfy.model_base import convert_tensor
 
         xt, sigma, context, index_method, *refs = inputs
-        (base, dm), ms = self._refs, self.model_sampling
+        base, dm = self._refs
 
         # BaseModel._apply_model
-        dtype = base.manual_cast_dtype or base.get_dtype()
-        xc = ms.calculate_input(sigma, xt).to(dtype)
+        xc, t, context, dtype = apply_model_start(base, sigma, xt, context)
         device = xc.device
-        t = base.process_timestep(ms.timestep(sigma).float(), x=xt)
-        context = comfy.model_management.cast_to_device(context, device, dtype)
+        t = base.process_timestep(t, x=xt)
         refs = [convert_tensor(r, dtype, device) for r in refs]
 
         # QwenImageTransformer2DModel._forward, up to the blocks
@@ -97,20 +83,17 @@ class _Block(nn.Module):
 
     def forward(self, inputs):
         img, txt, temb, pe, xt, sigma = inputs
+        # _forward writes block_type "double" etc. into transformer_options before each block
         txt, img = self.block(hidden_states=img, encoder_hidden_states=txt, encoder_hidden_states_mask=None,
-                              temb=temb, image_rotary_emb=pe, transformer_options=_options(sigma, self.index, self.total))
+                              temb=temb, image_rotary_emb=pe,
+                              transformer_options=block_options(sigma, "double", self.index, self.total))
         if self.last:  # the head reads neither the text stream nor pe
             return img, temb, xt, sigma
         return img, txt, temb, pe, xt, sigma
 
 
-class _Head(nn.Module):
-    def __init__(self, base):
-        super().__init__()
-        dm = base.diffusion_model
-        self.norm_out, self.proj_out = dm.norm_out, dm.proj_out
-        self.model_sampling = base.model_sampling
-        self._dm = (dm,)  # for its patch size; not a submodule
+class _Head(HeadLayer):
+    owned = ("norm_out", "proj_out")
 
     def forward(self, inputs):
         img, temb, xt, sigma = inputs
@@ -139,11 +122,7 @@ class QwenImageAdapter:
     @staticmethod
     def first_stage_inputs(prepared) -> tuple[torch.Tensor, ...]:
         kw = prepared.kwargs
-        extra = sorted(set(kw) - _HANDLED)
-        if extra:
-            raise ConfigError(f"pipeline_stages > 1 for Qwen-Image supports text-to-image and Edit reference "
-                              f"latents only; this run also needs {', '.join(extra)}. Set pipeline_stages to 1 "
-                              "for this model.")
+        refuse_unhandled(kw, _HANDLED, "Qwen-Image", "text-to-image and Edit reference latents only")
         xt = prepared.xt
         # _forward treats a missing method as "index" and any other name as the offset layout.
         index_method = kw.get("ref_latents_method", "index") == "index"

@@ -19,44 +19,35 @@ from torch import nn
 
 from ..config import ConfigError
 from ..objective import transformer_options
+from .common import EmbedLayer, HeadLayer, apply_model_start, or_none, refuse_unhandled, require_text, stage_input
 
 # The kwargs of model.extra_conds this adapter reproduces; anything else means a variant it does not.
 _HANDLED = {"c_crossattn", "y"}
 
 
-class _Embed(nn.Module):
+class _Embed(EmbedLayer):
     def __init__(self, base):
-        super().__init__()
         dm = base.diffusion_model
-        # Own only the embedders (so DeepSpeed places and counts just them on this stage); the rest
-        # of the model is reached through plain references kept out of the module tree.
         embedders = [dm.x_embedder, dm.t_embedder, dm.context_embedder]
-        embedders += [dm.y_embedder] if dm.y_embedder is not None else []
-        self.embedders = nn.ModuleList(embedders)
+        super().__init__(base, embedders + ([dm.y_embedder] if dm.y_embedder is not None else []))
         # The position table is a buffer (moved with the module that owns it), so own it here and
         # crop it from here; the register tokens are a parameter of the model.
         self.register_buffer("pos_embed", dm.pos_embed)
         self.register = dm.register if dm.register_length > 0 else None
-        self.model_sampling = base.model_sampling
-        self._refs = (base, dm)
 
     def forward(self, inputs):
-        import comfy.model_management
         import comfy.ops
         from comfy.model_base import convert_tensor
         from einops import repeat
 
         xt, sigma, context, y = inputs
-        (base, dm), ms = self._refs, self.model_sampling
-        y = None if y.numel() == 0 else y  # an empty tensor stands for "no pooled vector"
+        base, dm = self._refs
+        y = or_none(y)  # an empty tensor stands for "no pooled vector"
 
         # BaseModel._apply_model
-        dtype = base.manual_cast_dtype or base.get_dtype()
-        xc = ms.calculate_input(sigma, xt).to(dtype)
-        device = xc.device
-        t = base.process_timestep(ms.timestep(sigma).float(), x=xt)
-        context = comfy.model_management.cast_to_device(context, device, dtype)
-        y = None if y is None else convert_tensor(y, dtype, device)
+        xc, t, context, dtype = apply_model_start(base, sigma, xt, context)
+        t = base.process_timestep(t, x=xt)
+        y = None if y is None else convert_tensor(y, dtype, xc.device)
 
         # MMDiT.forward, up to the blocks (layers() refuses a context processor)
         hw = xc.shape[-2:]
@@ -108,13 +99,7 @@ class _Joint(nn.Module):
         return x, context, c, xt, sigma
 
 
-class _Head(nn.Module):
-    def __init__(self, base):
-        super().__init__()
-        self.final_layer = base.diffusion_model.final_layer
-        self.model_sampling = base.model_sampling
-        self._dm = (base.diffusion_model,)  # for unpatchify; not a submodule
-
+class _Head(HeadLayer):
     def forward(self, inputs):
         x, c, xt, sigma = inputs
         hw = xt.shape[-2:]
@@ -137,20 +122,11 @@ class SD3Adapter:
     @staticmethod
     def first_stage_inputs(prepared) -> tuple[torch.Tensor, ...]:
         kw = prepared.kwargs
-        extra = sorted(set(kw) - _HANDLED)
-        if extra:
-            what = {"c_concat": "concat channels", "crossattn_controlnet": "a ControlNet text input"}
-            named = sorted({what.get(k, k) for k in extra})
-            raise ConfigError(f"pipeline_stages > 1 for SD3 supports text-to-image only; this run also needs "
-                              f"{', '.join(named)}. Set pipeline_stages to 1 for this model.")
-        if kw.get("c_crossattn") is None:
-            raise ConfigError("pipeline_stages > 1 for SD3 needs text conditioning (cross_attn) in the cached "
-                              "dataset. Re-cache it with a text encoder, or set pipeline_stages to 1.")
-        xt = prepared.xt
-        # A stage's inputs are a fixed tuple of tensors (no None): an empty tensor stands for a
-        # missing pooled vector, which the model then treats as None.
-        y = kw.get("y")
-        return xt, prepared.sigma, kw["c_crossattn"], xt.new_zeros((xt.shape[0], 0)) if y is None else y
+        refuse_unhandled(kw, _HANDLED, "SD3", "text-to-image only",
+                         {"c_concat": "concat channels", "crossattn_controlnet": "a ControlNet text input"})
+        require_text(kw, "SD3")
+        # A missing pooled vector travels as common.stage_input's stand-in; the model then treats it as None.
+        return prepared.xt, prepared.sigma, kw["c_crossattn"], stage_input(kw.get("y"), prepared.xt)
 
     @staticmethod
     def layers(base_model) -> list[nn.Module]:

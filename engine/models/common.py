@@ -1,0 +1,104 @@
+"""Pieces the pipeline adapters share: the plumbing of the first and last stage layer, the refusal of
+conditioning an adapter does not reproduce, the start of ComfyUI's BaseModel._apply_model, the stage
+tuple's stand-in for an absent input, the per-block transformer_options, and keeping unused stage
+inputs in the graph. Only what is the same code in every adapter that uses it lives here; what
+mirrors a family's own ComfyUI function stays in that family's file.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..config import ConfigError
+from ..objective import transformer_options
+
+
+class EmbedLayer(nn.Module):
+    """Base of an adapter's first stage layer. It owns only `embedders` (so DeepSpeed places and counts
+    just them on this stage) and model_sampling; the base model and its diffusion model are
+    self._refs, plain references kept out of the module tree. join: whether the layer hands on one
+    joint token sequence (a model without two-stream blocks)."""
+
+    def __init__(self, base, embedders, join: bool = False):
+        super().__init__()
+        self.embedders = nn.ModuleList(embedders)
+        self.model_sampling = base.model_sampling
+        self._refs = (base, base.diffusion_model)
+        self.join = join
+
+
+class HeadLayer(nn.Module):
+    """Base of an adapter's last stage layer. It owns the diffusion model's parts named in `owned` (its
+    final layer) and model_sampling; the diffusion model is self._dm[0], a plain reference kept out of
+    the module tree (for its unpatchify and sizes)."""
+
+    owned: tuple[str, ...] = ("final_layer",)
+
+    def __init__(self, base):
+        super().__init__()
+        dm = base.diffusion_model
+        for name in self.owned:
+            setattr(self, name, getattr(dm, name))
+        self.model_sampling = base.model_sampling
+        self._dm = (dm,)
+
+
+def refuse_unhandled(kwargs, handled, family: str, supports: str, names: dict | None = None) -> None:
+    """A ConfigError naming every kwarg of model.extra_conds outside `handled` (as `names` describes
+    it, else by its key): what the adapter does not reproduce, which pipeline_stages 1 trains."""
+    extra = sorted(set(kwargs) - set(handled))
+    if extra:
+        named = sorted({(names or {}).get(k, k) for k in extra})
+        raise ConfigError(f"pipeline_stages > 1 for {family} supports {supports}; this run also needs "
+                          f"{', '.join(named)}. Set pipeline_stages to 1 for this model.")
+
+
+def require_text(kwargs, family: str) -> None:
+    """A ConfigError when the cached conditioning has no text (cross_attn), which the adapter needs."""
+    if kwargs.get("c_crossattn") is None:
+        raise ConfigError(f"pipeline_stages > 1 for {family} needs text conditioning (cross_attn) in the cached "
+                          "dataset. Re-cache it with a text encoder, or set pipeline_stages to 1.")
+
+
+def apply_model_start(base, sigma, xt, context, concat=None):
+    """BaseModel._apply_model of ComfyUI 0.3.75 up to process_timestep: (xc, t, context, dtype), where
+    xc is the scaled input (with the concat channels, if any) in the model's dtype, t the timestep
+    before the model's process_timestep (callers pass it their extra conds) and context the text on
+    xc's device."""
+    import comfy.model_management
+
+    ms = base.model_sampling
+    xc = ms.calculate_input(sigma, xt)
+    if concat is not None:
+        xc = torch.cat([xc, comfy.model_management.cast_to_device(concat, xc.device, xc.dtype)], dim=1)
+    dtype = base.manual_cast_dtype or base.get_dtype()
+    xc = xc.to(dtype)
+    t = ms.timestep(sigma).float()
+    return xc, t, comfy.model_management.cast_to_device(context, xc.device, dtype), dtype
+
+
+def stage_input(value, xt) -> torch.Tensor:
+    """A stage's inputs are a fixed tuple of tensors (no None): an empty [B, 0] tensor stands for an
+    absent one; or_none turns it back."""
+    return xt.new_zeros((xt.shape[0], 0)) if value is None else value
+
+
+def or_none(t: torch.Tensor):
+    """stage_input's stand-in (any empty tensor) back as None, as ComfyUI's forward takes an absent input."""
+    return None if t.numel() == 0 else t
+
+
+def block_options(sigma, block_type: str, index: int, total: int) -> dict:
+    """What a block sees in ComfyUI: the caller's transformer_options (the engine's: sigmas) plus the keys
+    the forward writes before each block. A fresh dict per call: models write into it."""
+    return {**transformer_options(sigma), "block_type": block_type, "block_index": index, "total_blocks": total}
+
+
+def keep_in_graph(out: torch.Tensor, *unused: torch.Tensor) -> torch.Tensor:
+    """out + 0.0 * (the sum of every tensor in `unused`): DeepSpeed sends a gradient back for every float
+    tensor a stage receives, so the inputs a head does not use stay in the graph (exactly zero
+    contribution) and a head-only stage works."""
+    total = unused[0].sum().float()
+    for t in unused[1:]:
+        total = total + t.sum().float()
+    return out + 0.0 * total
