@@ -44,7 +44,11 @@ def test_i2v_stage_layers_equal_comfyui_forward(i2v_files):
     with torch.no_grad():
         reference = model.apply_model(prepared.xt, prepared.sigma, transformer_options={}, **prepared.kwargs)
         acts = stage_layers_forward(model, prepared)
-    assert torch.equal(acts, reference)
+        prepared.kwargs["clip_fea"] = prepared.kwargs["clip_fea"].flip(-1)  # other CLIP vision tokens
+        moved = model.apply_model(prepared.xt, prepared.sigma, transformer_options={}, **prepared.kwargs)
+        moved_acts = stage_layers_forward(model, prepared)
+    assert torch.equal(acts, reference) and torch.equal(moved_acts, moved)
+    assert (moved - reference).abs().max() > 1e-4, "the CLIP vision tokens must reach the blocks"
 
 
 def test_i2v_model_without_clip_vision_in_the_cache_is_refused(i2v_files):

@@ -28,10 +28,16 @@ def build_base_model(seed: int = 0, i2v: bool = False):
     else:
         model = comfy.supported_models.WAN21_T2V(dict(WAN_CONFIG)).get_model({})
     gen = torch.Generator().manual_seed(seed)
+    # Norm scales start at 1, also those not named "norm" (the i2v image embedder's LayerNorms are
+    # img_emb.proj.0 and .4: a zero scale there would silence the CLIP vision tokens).
+    norm_scales = {f"{m}.weight" for m, mod in model.diffusion_model.named_modules()
+                   if isinstance(mod, (torch.nn.LayerNorm, torch.nn.RMSNorm))}
     with torch.no_grad():
         for name, p in model.diffusion_model.named_parameters():
             if p.ndim >= 2:
                 p.copy_(torch.randn(p.shape, generator=gen) * (1.0 / p.shape[-1] ** 0.5))
+            elif name in norm_scales:
+                p.fill_(1.0)
             elif "norm" in name or name.endswith(".modulation"):
                 p.copy_(torch.ones_like(p) if "norm" in name else torch.randn(p.shape, generator=gen) * 0.02)
             else:
