@@ -12,6 +12,14 @@ tools/tiny_assets.py, loaded through ComfyUI as the tests do. It measures:
   - a re-run with nothing changed (LoadDataset's IS_CHANGED, its scan, CacheLatents);
   - a re-run after touching 1% of the images (only those should be encoded again);
   - CacheLatents with trust_cache on (only the cache's manifests are read).
+Unchanged items of a new fingerprint are copied from the previous cache's shards (read + write
+of their tensors, no encoder call), so the touched re-run's time includes that I/O.
+
+    python benchmarks/caching.py --work /tmp/pt_cache_bench --store 100000
+
+measures the sharded store alone at scale: N tiny synthetic items written through the cache
+writer API (no encoder), the metadata table and manifest, then opening the cache as training does
+(RSS growth of opening + bucket keys + repeats) and random item reads.
 Captions come from a pool of --captions distinct texts: the tiny CLIP is full CLIP-L size,
 and CacheLatents encodes each distinct caption once, so a pool keeps the run short.
 Prints a table and writes JSON (--json, default <work>/caching.json).
@@ -189,6 +197,53 @@ def run_one(n: int, work: Path, captions: int, threads: int) -> dict:
     return out
 
 
+def run_store(n: int, work: Path) -> dict:
+    """The sharded store alone: n tiny items through ShardWriter, write_metadata, then reads."""
+    import torch
+
+    import PipeTrain.engine.cache_format as fmt
+    import PipeTrain.engine.cache_store as store
+    from PipeTrain.engine.dataset import DatasetSpec, FolderSpec
+
+    folder = work / f"store_{n}"
+    shutil.rmtree(folder, ignore_errors=True)
+    cache_dir = folder / fmt.CACHE_FOLDER / ("0" * 16)
+    out: dict = {"items": n}
+    base, sampler = _rss_mib(), RssSampler()
+    t = time.perf_counter()
+    writer = store.ShardWriter(cache_dir)
+    for i in range(n):
+        fmt.write_item(writer, i, torch.randn(1, 4, 8, 8), torch.randn(1, 8 + i % 4, 16), {"pooled_output": None},
+                       f"img{i:06d}.png", f"caption number {i}", 1)
+    writer.flush()
+    out["write_s"] = time.perf_counter() - t
+    t = time.perf_counter()
+    spec = DatasetSpec((FolderSpec(str(folder)),), 64)
+    store.write_metadata(cache_dir, "0" * 16, spec, {}, lambda i: {"repeats": 1, "width": 64, "height": 64,
+                                                                    "key": f"k{i}"})
+    out["metadata_s"] = time.perf_counter() - t
+    out["write_rss_growth_mib"] = sampler.stop() - base
+    out["shards"] = len(list((cache_dir / store.SHARDS).iterdir()))
+    out["files"] = sum(1 for _ in cache_dir.rglob("*"))
+    out["disk_mib"] = _dir_bytes(cache_dir) / 2**20
+    import gc
+
+    gc.collect()
+    base, t = _rss_mib(), time.perf_counter()
+    ds = fmt.CachedDataset(cache_dir)
+    buckets, repeats = ds.buckets(), [ds.repeats(i) for i in range(len(ds))]
+    out["open_s"] = time.perf_counter() - t
+    out["open_rss_growth_mib"] = _rss_mib() - base
+    assert len(buckets) == len(repeats) == n
+    picks = random.Random(0).sample(range(n), min(n, 1000))
+    t = time.perf_counter()
+    for i in picks:
+        ds[i]
+    out["read_ms_per_item"] = (time.perf_counter() - t) * 1000 / len(picks)
+    shutil.rmtree(folder, ignore_errors=True)
+    return out
+
+
 ROWS = (("images", "{:d}"), ("items_per_s", "{:.1f}"), ("first_load_s", "{:.1f}"), ("first_cache_s", "{:.1f}"),
         ("first_cpu_s", "{:.1f}"), ("peak_rss_mib", "{:.0f}"), ("run_rss_growth_mib", "{:.0f}"),
         ("cache_mib", "{:.1f}"), ("rerun_is_changed_s", "{:.2f}"), ("rerun_load_s", "{:.2f}"),
@@ -211,10 +266,16 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--captions", type=int, default=64, help="distinct captions in the pool")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (1: steady figures on a shared machine)")
     ap.add_argument("--json", help="where to write the results (default <work>/caching.json)")
+    ap.add_argument("--store", type=int, help="only the sharded store at this many synthetic items (no encoders)")
     ap.add_argument("--one", type=int, help=argparse.SUPPRESS)  # internal: run one size in this process
     args = ap.parse_args(argv)
     work = Path(args.work).resolve()
     os.environ.setdefault("COMFYUI_PATH", str(bench_env.REPO / ".comfyui" / "ComfyUI"))
+    if args.store:
+        bench_env.setup()
+        result = run_store(args.store, work)
+        print("\n".join(f"{k:22s}{v:>12.2f}" if isinstance(v, float) else f"{k:22s}{v:>12d}" for k, v in result.items()))
+        return
     if args.one:
         print("RESULT " + json.dumps(run_one(args.one, work, args.captions, args.threads)), flush=True)
         return

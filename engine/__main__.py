@@ -1,7 +1,11 @@
-"""Entry point: `python -m engine --config <run_dir>/run.json` (cwd = the pack's root).
+"""Entry point (cwd = the pack's root).
 
-The DeepSpeed launcher runs this once per rank:
+    python -m engine --config <run_dir>/run.json     train: one rank of a run
+    python -m engine cache --config cache.json       cache: encode a dataset (engine/cache_run.py)
+
+The DeepSpeed launcher runs the training entry once per rank:
     python -m deepspeed.launcher.runner --num_gpus N --module --no_local_rank engine --config run.json
+and the cache mode starts its own ranks the same way, with `cache ... --worker`.
 """
 from __future__ import annotations
 
@@ -11,13 +15,20 @@ import sys
 
 def _parse(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m engine", description="PipeTrain training engine")
-    parser.add_argument("--config", required=True, help="path of the run's run.json")
+    parser.add_argument("mode", nargs="?", default="train", choices=("train", "cache"),
+                        help="train (the default: --config is a run.json) or cache (--config is a cache config)")
+    parser.add_argument("--config", required=True, help="path of the run's run.json, or of the cache config")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)  # cache: one launched rank
     parser.add_argument("--local_rank", type=int, default=None, help=argparse.SUPPRESS)  # set by some launchers
     return parser.parse_args(argv)
 
 
 if __name__ == "__main__":
     args = _parse(sys.argv[1:])
+    if args.mode == "cache":
+        from .cache_run import main as cache_main
+
+        sys.exit(cache_main(args.config, worker=args.worker))
     from .train import main
 
     sys.exit(main(args.config))

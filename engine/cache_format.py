@@ -1,29 +1,41 @@
 """The on-disk latent cache: written by the CacheLatents node, read by the training engine.
 
-Layout (one folder per fingerprint, so caches for other encoders/settings coexist):
+One folder per fingerprint, so caches for other encoders/settings coexist:
 
     <first dataset folder>/.pipetrain_cache/<fingerprint>/
-        items/000000.safetensors   "latent" [C,h,w] ([C,t,h,w] for a video) raw VAE output (NOT process_latent_in'd:
-                                   that depends on the diffusion model, which training picks),
-                                   "cond.cross_attn" [T,D], "cond.<key>" for every tensor extra of
-                                   the CLIP conditioning dict, batch dim removed.
-                                   metadata: source, caption, repeats, cond_none (extras whose value
-                                   was None: models' extra_conds read e.g. kwargs["pooled_output"]
-                                   unconditionally, so the key must survive), cond_json (other
-                                   JSON-able extras), cond_unbatched (tensor extras stored as-is
-                                   because they had no leading batch dim of 1).
-                                   "cond.reference_latents.N": the raw VAE latents of the item's control
-                                   images (what ComfyUI's ReferenceLatent node adds; engine/conditioning.py
-                                   turns the flat keys back into the list extra_conds takes).
-                                   "loss_mask" [1,(1,)h,w]: the item's loss weights at latent size (mask_folder,
-                                   engine/dataset_pairs.py); absent = unmasked. Not conditioning: the
-                                   objective multiplies the loss by it.
-        manifest.json              written LAST, atomically: its presence means "complete". Per item:
-                                   file, source, repeats, size ([w, h] trained at) and bucket
-                                   (bucket_key: which items may share a batch).
+        shards/<first item>-<hash>.safetensors
+                    up to ~256 items each (engine/cache_store.py), every tensor named "<item>/<name>"
+                    (<item>: the item's 7-digit index in cache order), metadata "items": per item
+                    the strings below. A shard appears by temp file + os.replace only.
+        meta-<hash>/
+                    the metadata table (HF `datasets` save_to_disk: one memory-mapped Arrow file),
+                    one row per cached item in cache order: index, shard, source, caption, repeats,
+                    width, height (the size trained at), bucket (shapes_bucket: which items may share
+                    a batch), key (item_key), cond_none, cond_json, cond_unbatched.
+        manifest.json
+                    written LAST, atomically: its presence means "complete". A small header:
+                    version, fingerprint, count, latent_shape, cond_keys, encoders, dataset, the
+                    metadata folder's name and the shard files it references.
 
-Every file appears atomically (temp file + os.replace), so a cancelled run leaves only whole
-items behind and the next run resumes from them. Torch + safetensors only; no comfy import.
+Per item, the tensor names are:
+    "latent"      [C,h,w] ([C,t,h,w] for a video) raw VAE output (NOT process_latent_in'd: that
+                  depends on the diffusion model, which training picks);
+    "cond.cross_attn" [T,D], and "cond.<key>" for every tensor extra of the CLIP conditioning dict,
+                  batch dim removed; "cond.reference_latents.N": the raw VAE latents of the item's
+                  control images (what ComfyUI's ReferenceLatent node adds; engine/conditioning.py
+                  turns the flat keys back into the list extra_conds takes);
+    "loss_mask"   [1,(1,)h,w]: the item's loss weights at latent size (mask_folder,
+                  engine/dataset_pairs.py); absent = unmasked. Not conditioning: the objective
+                  multiplies the loss by it.
+and its metadata strings: source, caption, repeats, cond_none (extras whose value was None:
+models' extra_conds read e.g. kwargs["pooled_output"] unconditionally, so the key must survive),
+cond_json (other JSON-able extras), cond_unbatched (tensor extras stored as-is because they had no
+leading batch dim of 1).
+
+Format 1 (one file per item, every item listed in manifest.json: engine/cache_legacy.py) is still
+read. A crash or Cancel leaves only whole shards behind (the items encoded since the last shard are
+written as one more shard when Python can still do it), and the next run re-encodes only the items
+in no complete shard. Torch + safetensors (+ `datasets` for the table); no comfy import.
 """
 from __future__ import annotations
 
@@ -39,17 +51,17 @@ from typing import Any, Iterable, Mapping
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import save_file
 
-from .config import write_text_atomic
 from .dataset import PREPROCESS_VERSION, DatasetItem, DatasetSpec, relative_source
 from .dataset_pairs import MASK_VERSION
 
-CACHE_FORMAT_VERSION = 1
+CACHE_FORMAT_VERSION = 2  # 1: one file per item (engine/cache_legacy.py); 2: shards + Arrow metadata
 CACHE_FOLDER = ".pipetrain_cache"  # hidden, so the dataset scan never lists it
 MANIFEST = "manifest.json"
 LOSS_MASK = "loss_mask"  # an item's loss weights at latent size (a tensor next to "latent")
 _FINGERPRINT_RE = re.compile(r"^[0-9a-f]{16}$")
+# format 1's per-item helpers, importable from here as before (tests and benchmarks write small caches with them)
+_LEGACY = ("item_path", "item_done", "link_item", "item_summary", "bucket_key", "load_cond", "write_manifest")
 
 
 class CacheError(ValueError):
@@ -79,14 +91,21 @@ class CacheSpec:
                    tuple(int(x) for x in data["latent_shape"]))
 
 
+def __getattr__(name: str):
+    if name in _LEGACY:
+        from . import cache_legacy
+        return getattr(cache_legacy, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 # ---- naming --------------------------------------------------------------------------------
 
 def fingerprint(spec: DatasetSpec, scan_items: Iterable[DatasetItem], encoder_identity: Mapping[str, Any]) -> str:
-    """sha256[:16] of everything that changes a cached tensor.
+    """sha256[:16] of everything that changes a cached tensor (and the format they are stored in).
 
     Repeats are deliberately left out: they change how often an item is seen, not its latent,
-    so editing them must not re-encode. The manifest (rewritten on every CacheLatents run) is
-    where the engine reads repeats from.
+    so editing them must not re-encode. The metadata table (rewritten on every CacheLatents run)
+    is where the engine reads repeats from.
     """
     h = hashlib.sha256()
     h.update(json.dumps({"format": CACHE_FORMAT_VERSION, "preprocess": PREPROCESS_VERSION, "resolution": spec.resolution,
@@ -111,41 +130,13 @@ def cache_dir_for(spec: DatasetSpec, fp: str) -> Path:
     return Path(spec.folders[0].path) / CACHE_FOLDER / fp
 
 
-def item_path(cache_dir: str | os.PathLike, index: int) -> Path:
-    return Path(cache_dir) / "items" / f"{index:06d}.safetensors"
-
-
-def item_done(cache_dir: str | os.PathLike, index: int) -> bool:
-    # Items appear by os.replace only, so an existing file is a complete file.
-    return item_path(cache_dir, index).is_file()
-
-
 def item_key(spec: DatasetSpec, item: DatasetItem, size) -> str:
     """What one cached item was made from (its file's name, size, mtime and caption, every other scan
     field but repeats, and the size it is cached at). The same key in another cache with the same
-    encoders and settings means the same tensors, so that file can be linked instead of encoded."""
+    encoders and settings means the same tensors, so they can be copied instead of encoded."""
     fields = {k: v for k, v in vars(item).items() if k not in ("path", "repeats")}  # nested dataclasses: their repr
     return hashlib.sha256(json.dumps([relative_source(spec, item.path), list(size), fields], sort_keys=True,
                                      default=repr).encode("utf-8", "surrogateescape")).hexdigest()[:32]
-
-
-def link_item(source: str | os.PathLike, cache_dir: str | os.PathLike, index: int) -> bool:
-    """Put an existing item file at `index` (hard link, else a copy; atomic). False if `source` is gone."""
-    final = item_path(cache_dir, index)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = final.with_name(f".{final.name}.tmp{os.getpid()}")
-    try:
-        try:
-            os.link(source, tmp)
-        except OSError:  # no hard links here (some network/FAT file systems): copy
-            shutil.copyfile(source, tmp)
-        os.replace(tmp, final)
-        return True
-    except FileNotFoundError:
-        return False
-    finally:
-        if tmp.exists():
-            tmp.unlink()
 
 
 def remove_cache(cache_dir: str | os.PathLike) -> None:
@@ -158,7 +149,7 @@ def remove_cache(cache_dir: str | os.PathLike) -> None:
         shutil.rmtree(p)
 
 
-# ---- writing -------------------------------------------------------------------------------
+# ---- one item's tensors and metadata -------------------------------------------------------
 
 def _unbatch(name: str, t: torch.Tensor) -> torch.Tensor:
     if t.ndim < 1 or t.shape[0] != 1:
@@ -175,15 +166,10 @@ def _json_able(value: Any) -> bool:
         return False
 
 
-def write_item(cache_dir: str | os.PathLike, index: int, latent: torch.Tensor, cond_tensor: torch.Tensor,
-               cond_extras: Mapping[str, Any], source: str, caption: str, repeats: int,
-               loss_mask: torch.Tensor | None = None) -> list[str]:
-    """Write one item atomically. Tensors are passed as ComfyUI returns them (batch of 1); loss_mask
-    likewise ([1, 1, (1,) h, w], see the module doc).
-
-    Returns the extras keys that could not be stored (neither tensor, None nor JSON); the
-    caller decides how loudly to report them.
-    """
+def pack_item(latent: torch.Tensor, cond_tensor: torch.Tensor, cond_extras: Mapping[str, Any], source: str,
+              caption: str, repeats: int, loss_mask: torch.Tensor | None = None
+              ) -> tuple[dict[str, torch.Tensor], dict[str, str], list[str]]:
+    """(tensors, metadata strings, extras keys that could not be stored) of one item (module doc)."""
     tensors = {"latent": _unbatch("VAE latent", latent), "cond.cross_attn": _unbatch("text conditioning", cond_tensor)}
     if loss_mask is not None:
         tensors[LOSS_MASK] = _unbatch("loss mask", loss_mask).float()
@@ -208,16 +194,26 @@ def write_item(cache_dir: str | os.PathLike, index: int, latent: torch.Tensor, c
     tensors = {k: v.detach().to("cpu").contiguous().clone() for k, v in tensors.items()}
     metadata = {"source": source, "caption": caption, "repeats": str(int(repeats)),
                 "cond_none": json.dumps(none_keys), "cond_json": json.dumps(json_extras),
-                "cond_unbatched": json.dumps(unbatched), "format": str(CACHE_FORMAT_VERSION)}
-    final = item_path(cache_dir, index)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = final.with_name(f".{final.name}.tmp{os.getpid()}")
-    try:
-        save_file(tensors, str(tmp), metadata=metadata)
-        os.replace(tmp, final)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+                "cond_unbatched": json.dumps(unbatched)}
+    return tensors, metadata, skipped
+
+
+def write_item(target, index: int, latent: torch.Tensor, cond_tensor: torch.Tensor,
+               cond_extras: Mapping[str, Any], source: str, caption: str, repeats: int,
+               loss_mask: torch.Tensor | None = None) -> list[str]:
+    """Store one item. Tensors are passed as ComfyUI returns them (batch of 1); loss_mask likewise
+    ([1, 1, (1,) h, w]). target: a cache_store.ShardWriter (what CacheLatents writes through: the
+    item joins its next shard), or a folder (a format 1 item file, written atomically).
+
+    Returns the extras keys that could not be stored (neither tensor, None nor JSON); the
+    caller decides how loudly to report them.
+    """
+    tensors, metadata, skipped = pack_item(latent, cond_tensor, cond_extras, source, caption, repeats, loss_mask)
+    if isinstance(target, (str, os.PathLike)):
+        from .cache_legacy import save_item_file
+        save_item_file(target, index, tensors, metadata)
+    else:
+        target.add(index, tensors, metadata)
     return skipped
 
 
@@ -237,81 +233,68 @@ def unpack_extras(tensors: Mapping[str, torch.Tensor], prefix: str, none_keys: s
     return extras
 
 
-def item_summary(cache_dir: str | os.PathLike, index: int) -> tuple[tuple[int, ...], list[str]]:
-    """(latent shape, cond keys incl. None-valued ones) of one item, from the header only."""
-    with safe_open(str(item_path(cache_dir, index)), framework="pt") as f:
-        meta = f.metadata() or {}
-        shape = tuple(f.get_slice("latent").get_shape())
-        keys = [k[len("cond."):] for k in f.keys() if k.startswith("cond.")]
-    keys += json.loads(meta.get("cond_none", "[]")) + list(json.loads(meta.get("cond_json", "{}")))
-    return shape, sorted(keys)
-
-
-def bucket_key(cache_dir: str | os.PathLike, index: int) -> str:
-    """Which items may share a batch: the shapes of the latent and of every conditioning tensor.
-
-    Same latent size AND same caption token length (and mask/extra shapes): batches are stacked,
-    never padded, because padded text masks break several models (MODEL-NOTES.md item 7). The loss
-    mask is left out: its shape follows the latent's, and masked and unmasked items may share a batch.
-    """
-    with safe_open(str(item_path(cache_dir, index)), framework="pt") as f:
-        shapes = {k: "x".join(str(d) for d in f.get_slice(k).get_shape()) for k in f.keys() if k != LOSS_MASK}
-    return " ".join(f"{k}={shapes[k]}" for k in sorted(shapes))
-
-
-def load_cond(cache_dir: str | os.PathLike, index: int) -> tuple[torch.Tensor, dict[str, Any]]:
-    """An item's conditioning as ComfyUI returned it (batch dim restored): write_item's inverse.
+def restore_cond(tensors: Mapping[str, torch.Tensor], meta: Mapping[str, str]) -> tuple[torch.Tensor, dict[str, Any]]:
+    """An item's conditioning as ComfyUI returned it (batch dim restored): pack_item's inverse.
 
     CacheLatents uses it to give a repeated caption the stored encoding instead of keeping
     every distinct caption's tensors in memory (T5/LLM conds are megabytes each).
     """
-    meta, tensors = read_safetensors(item_path(cache_dir, index))
     unbatched = set(json.loads(meta.get("cond_unbatched", "[]")))
     extras = unpack_extras(tensors, "cond", meta.get("cond_none", "[]"), meta.get("cond_json", "{}"))
     extras = {k: (v.unsqueeze(0) if torch.is_tensor(v) and k not in unbatched else v) for k, v in extras.items()}
     return tensors["cond.cross_attn"].unsqueeze(0), extras
 
 
-def write_manifest(cache_dir: str | os.PathLike, fp: str, spec: DatasetSpec, items: list[dict[str, Any]],
-                   latent_shape: tuple[int, ...], cond_keys: list[str], encoders: Mapping[str, Any]) -> Path:
-    """items: [{"file": "items/000000.safetensors", "source": ..., "repeats": N, "size": [w, h],
-    "bucket": bucket_key(...)}, ...] in cache order."""
-    manifest = {"version": CACHE_FORMAT_VERSION, "fingerprint": fp, "count": len(items), "items": list(items),
-                "latent_shape": list(latent_shape), "cond_keys": sorted(cond_keys), "encoders": dict(encoders),
-                "dataset": spec.to_dict()}
-    path = Path(cache_dir) / MANIFEST
-    write_text_atomic(path, json.dumps(manifest, indent=1, sort_keys=True, default=str))
-    return path
+def shapes_bucket(shapes: Mapping[str, Iterable[int]]) -> str:
+    """Which items may share a batch: the shapes of the latent and of every conditioning tensor.
+
+    Same latent size AND same caption token length (and mask/extra shapes): batches are stacked,
+    never padded, because padded text masks break several models (MODEL-NOTES.md item 7). The loss
+    mask is left out: its shape follows the latent's, and masked and unmasked items may share a batch.
+    """
+    return " ".join(f"{k}={'x'.join(str(d) for d in shapes[k])}" for k in sorted(shapes) if k != LOSS_MASK)
+
+
+def cond_keys_of(tensor_names: Iterable[str], meta: Mapping[str, str]) -> list[str]:
+    """An item's conditioning keys (cross_attn, tensor extras, None-valued and JSON extras)."""
+    keys = [k[len("cond."):] for k in tensor_names if k.startswith("cond.")]
+    return sorted(keys + json.loads(meta.get("cond_none", "[]")) + list(json.loads(meta.get("cond_json", "{}"))))
 
 
 # ---- reading (the engine side) -------------------------------------------------------------
 
+def read_manifest(cache_dir: str | os.PathLike) -> dict[str, Any]:
+    """A complete cache's manifest; CacheError (naming the fix) when it is absent, damaged or of an unknown format."""
+    path = Path(cache_dir) / MANIFEST
+    if not path.is_file():
+        raise CacheError(f"cache {cache_dir} is incomplete (no {MANIFEST}): run CacheLatents again; "
+                         "it resumes where it stopped.")
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as e:
+        raise CacheError(f"cannot read {path} ({e}): run CacheLatents with regenerate on.") from e
+    version = manifest.get("version") if isinstance(manifest, dict) else None
+    if version not in (1, CACHE_FORMAT_VERSION):
+        raise CacheError(f"cache {cache_dir} has format version {version}, this PipeTrain reads 1 and "
+                         f"{CACHE_FORMAT_VERSION}: run CacheLatents with regenerate on (or update PipeTrain).")
+    return manifest
+
+
 class CachedDataset:
-    """Random access to a complete cache. Items are read lazily, one safetensors file per access,
-    so a data-loader worker holds only what it is using."""
+    """Random access to a complete cache. Opening it reads the manifest and memory-maps the metadata
+    table (format 2); items are read lazily, one shard lookup per access, so a process holds only what
+    it is using."""
 
     def __init__(self, cache_dir: str | os.PathLike):
         self.cache_dir = Path(cache_dir)
-        path = self.cache_dir / MANIFEST
-        if not path.is_file():
-            raise CacheError(f"cache {self.cache_dir} is incomplete (no {MANIFEST}): run CacheLatents again; "
-                             "it resumes where it stopped.")
-        try:
-            self.manifest = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, json.JSONDecodeError) as e:
-            raise CacheError(f"cannot read {path} ({e}): run CacheLatents with regenerate on.") from e
-        version = self.manifest.get("version")
-        if version != CACHE_FORMAT_VERSION:
-            raise CacheError(f"cache {self.cache_dir} has format version {version}, this PipeTrain reads "
-                             f"{CACHE_FORMAT_VERSION}: run CacheLatents with regenerate on.")
-        self.items: list[dict[str, Any]] = self.manifest["items"]
-        if self.manifest.get("count") != len(self.items):
-            raise CacheError(f"{path} says count={self.manifest.get('count')} but lists {len(self.items)} items: "
-                             "run CacheLatents with regenerate on.")
-        missing = [it["file"] for it in self.items if not (self.cache_dir / it["file"]).is_file()]
-        if missing:
-            raise CacheError(f"cache {self.cache_dir} is missing {len(missing)} item file(s) (first: {missing[0]}): "
-                             "run CacheLatents with regenerate on.")
+        self.manifest = read_manifest(self.cache_dir)
+        if self.manifest["version"] == 1:
+            from .cache_legacy import LegacyItems
+            self._store = LegacyItems(self.cache_dir, self.manifest)
+        else:
+            from .cache_store import ShardedItems
+            self._store = ShardedItems(self.cache_dir, self.manifest)
+        self._repeats = None
 
     @property
     def fingerprint(self) -> str:
@@ -321,33 +304,38 @@ class CachedDataset:
     def latent_shape(self) -> tuple[int, ...]:
         return tuple(self.manifest["latent_shape"])
 
+    @property
+    def items(self) -> list[dict[str, Any]]:
+        """Per item: file, source, repeats, size, bucket, key (format 2 builds it from `table` on request)."""
+        return self._store.items
+
+    @property
+    def table(self):
+        """Format 2: the metadata table (a memory-mapped `datasets.Dataset`)."""
+        return self._store.table
+
     def __len__(self) -> int:
-        return len(self.items)
+        return len(self._store)
 
     def repeats(self, i: int) -> int:
-        return int(self.items[i]["repeats"])  # the manifest's value: see fingerprint() on why
+        if self._repeats is None:
+            self._repeats = self._store.repeats()  # the table's value: see fingerprint() on why
+        return int(self._repeats[i])
 
     def buckets(self) -> list[str]:
-        """Per item, the key of the batches it may join (bucket_key); caches written before buckets
+        """Per item, the key of the batches it may join (shapes_bucket); caches written before buckets
         existed hold one latent size and get one key."""
-        return [str(it.get("bucket", "")) for it in self.items]
+        return self._store.buckets()
+
+    def previous(self) -> dict[str, tuple[str, int | None]]:
+        """item_key -> (file, item index in it or None for a format 1 item file): what a new cache of
+        the same encoders copies unchanged items from."""
+        return self._store.previous()
 
     def __getitem__(self, i: int) -> dict[str, Any]:
-        entry = self.items[i]
-        path = self.cache_dir / entry["file"]
-        try:
-            meta, tensors = read_safetensors(path)
-        except Exception as e:  # safetensors raises its own error types for damaged files
-            raise CacheError(f"cache file {path} (from {entry.get('source')}) cannot be read ({e}): "
-                             "run CacheLatents with regenerate on.") from e
-        extras = unpack_extras(tensors, "cond", meta.get("cond_none", "[]"), meta.get("cond_json", "{}"))
-        out = {"latent": tensors["latent"], "cross_attn": tensors["cond.cross_attn"], "extras": extras,
-               "caption": meta.get("caption", ""), "source": entry.get("source", meta.get("source", "")),
-               "unbatched": tuple(json.loads(meta.get("cond_unbatched", "[]")))}
-        if LOSS_MASK in tensors:
-            out[LOSS_MASK] = tensors[LOSS_MASK]
-        return out
+        if not 0 <= i < len(self):
+            raise IndexError(f"item {i} of a cache of {len(self)}")
+        return self._store.item(i)
 
     def spec(self) -> CacheSpec:
         return CacheSpec(str(self.cache_dir), self.fingerprint, len(self), self.latent_shape)
-

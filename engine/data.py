@@ -6,7 +6,7 @@ stream positions starting at ((s * gas + j) * world + r) * batch. So the data po
 function of the step (resume needs no extra state), and N processes at gas 1 see exactly the
 samples one process sees at gas N.
 
-Buckets (items whose latents or caption tensors differ in shape, cache_format.bucket_key): each
+Buckets (items whose latents or caption tensors differ in shape, cache_format.shapes_bucket): each
 epoch, every bucket's items are permuted and cut into runs of `batch`, the runs are permuted,
 and laid end to end. Micro-batches start at multiples of `batch`, so each holds one run: one
 bucket, stacked without padding. A bucket whose count is not a multiple of `batch` fills its

@@ -99,7 +99,7 @@ def test_a_crashing_rank_fails_the_run_with_its_error(config, cache_dir, tmp_pat
     """A real fault: one cached sample is corrupt, so the rank that loads it raises."""
     broken = tmp_path / "broken_cache"
     shutil.copytree(cache_dir, broken)
-    for item in sorted((broken / "items").glob("*.safetensors")):
+    for item in sorted(broken.glob("*/*.safetensors")):  # the item files or shards
         item.write_bytes(item.read_bytes()[:100])  # truncated file
     run = EngineRun(dataclasses.replace(config(processes=2, steps=5), cache_dir=str(broken)))
     started = time.time()

@@ -1,0 +1,96 @@
+"""Encoding one cache item: its pixels, its conditioning extras, its loss mask.
+
+Shared by the CacheLatents node and the engine's cache mode (engine/cache_writer.py runs the
+loop over the items). `vae` and `clip` are ComfyUI's VAE and CLIP objects (or anything with their
+encode / tokenize / encode_from_tokens_scheduled methods); nothing here imports comfy.
+"""
+from __future__ import annotations
+
+from .dataset import DatasetItem, DatasetSpec
+from .dataset_pairs import load_mask
+from .image_io import load_image
+from .video_io import load_video
+
+# Keys of the CLIP output dict that are not data: "hooks" carries ComfyUI's hook objects for
+# scheduled conditioning at sampling time, which has no meaning for a cached training caption.
+NOT_DATA_KEYS = ("hooks",)
+FIRST_FRAME_KEYS = ("concat_latent_image", "concat_mask")
+REFERENCE_KEY = "reference_latents"  # ComfyUI's ReferenceLatent conditioning key (edit models)
+CLIP_VISION_KEY = "clip_vision_output"  # CLIPVisionEncode's output, as image-to-video nodes pass it on
+# The fields of comfy.clip_vision.Output that models' extra_conds read: Wan 2.1 i2v (and the Wan 2.1
+# i2v-style Fun/Camera models) take penultimate_hidden_states, HunyuanVideo 1.5 (SigLIP) last_hidden_state.
+CLIP_VISION_FIELDS = ("penultimate_hidden_states", "last_hidden_state")
+
+
+def per_item(key: str) -> bool:
+    """Extras that belong to one item's pixels, not to its caption (dropped when a caption's cond is reused)."""
+    return (key in FIRST_FRAME_KEYS or key in (REFERENCE_KEY, CLIP_VISION_KEY)
+            or key.startswith((REFERENCE_KEY + ".", CLIP_VISION_KEY + ".")))
+
+
+def clip_vision_extras(clip_vision, pixels, crop: bool = True) -> dict:
+    """The CLIP-vision encoding of an item's first frame (an image item: the image), as ComfyUI's
+    CLIPVisionEncode node makes it (crop=True is its "center", False its "none") for WanImageToVideo /
+    HunyuanVideo15ImageToVideo. Stored as flat keys clip_vision_output.<field> (batch of 1), which
+    engine/conditioning.py turns back into the object extra_conds reads."""
+    out = clip_vision.encode_image(pixels[:1], crop=crop)
+    return {f"{CLIP_VISION_KEY}.{name}": out[name] for name in CLIP_VISION_FIELDS}
+
+
+def reference_extras(vae, control_pixels) -> dict:
+    """What ComfyUI's ReferenceLatent node adds for a control image: its raw VAE latent (VAEEncode's
+    output; the model's extra_conds applies process_latent_in itself), as the flat key
+    reference_latents.0 that engine/conditioning.py turns back into the list extra_conds takes."""
+    return {f"{REFERENCE_KEY}.0": vae.encode(control_pixels)}
+
+
+def loss_mask_tensor(item, size, latent):
+    """The item's mask image as loss weights at the latent's size: [1, 1, (1,) h, w] (batch of 1)."""
+    import torch
+
+    weights = load_mask(item.mask.path, (item.width, item.height), size, tuple(latent.shape[-2:]))
+    return torch.from_numpy(weights).reshape((1,) * (latent.ndim - 2) + weights.shape)
+
+
+def first_frame_extras(vae, clip_pixels, latent) -> dict:
+    """ComfyUI's WanImageToVideo conditioning for a clip whose first frame is given.
+
+    The frames after the first are 0.5 grey, as in the node; the latent stays raw (extra_conds
+    calls process_latent_in itself, MODEL-NOTES item 6). The mask is 0 on the first latent frame.
+    """
+    import torch
+
+    image = torch.full_like(clip_pixels, 0.5)
+    image[:1] = clip_pixels[:1]
+    concat = vae.encode(image)
+    mask = torch.ones((1, 1, latent.shape[2], concat.shape[-2], concat.shape[-1]), dtype=concat.dtype)
+    mask[:, :, :1] = 0.0
+    return {"concat_latent_image": concat, "concat_mask": mask}
+
+
+def safe_text(value: str) -> str:
+    """A string safetensors can store: file names that are not valid UTF-8 (Linux allows any bytes)
+    arrive from os.listdir with surrogate escapes, which UTF-8 cannot encode."""
+    return value.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+
+
+def load_pixels(dataset: DatasetSpec, item: DatasetItem, size):
+    """(pixels, control pixels or None) of one entry, as ComfyUI IMAGE tensors [frames or 1, H, W, 3].
+
+    A video is [frames, H, W, 3], which ComfyUI's video VAEs encode as one clip; the control image
+    is cropped and resized to the same bucket as its target image. Raises what the readers raise.
+    """
+    import torch
+
+    if item.frames:
+        pixels = torch.from_numpy(load_video(item.path, size, dataset.video_frames, dataset.frame_stride))
+    else:
+        pixels = torch.from_numpy(load_image(item.path, size)).unsqueeze(0)
+    control = torch.from_numpy(load_image(item.control.path, size)).unsqueeze(0) if item.control else None
+    return pixels, control
+
+
+def caption_cond(clip, caption: str):
+    """(cond tensor, extras) of one caption as the CLIP gives them, without the sampling-time keys."""
+    cond, extras = clip.encode_from_tokens_scheduled(clip.tokenize(caption))[0]
+    return cond, {k: v for k, v in extras.items() if k not in NOT_DATA_KEYS}
