@@ -96,7 +96,7 @@ class EvalSet:
         """(quantile index, Prepared) for this replica's pairs, each item read once."""
         for item, qis in self.mine.items():
             latents, conds, _ = collate(self.dataset, _Items, [item], self.device)
-            noise = eval_noise(self.spec.seed, item, latents.shape[1:]).unsqueeze(0)
+            noise = eval_noise(self.spec.seed, item, self.objective.noise_shape(latents)).unsqueeze(0)
             for qi in qis:
                 yield qi, self.objective.prepare_at(latents, conds, noise, [self.sigmas[qi]])
 

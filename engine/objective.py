@@ -126,21 +126,35 @@ class DiffusionObjective(nn.Module):
         """Everything apply_model and the loss need, drawn reproducibly from the sample ids."""
         ms = self.base.model_sampling
         lo, hi = self.noise_range()
+        x0 = self.base.process_latent_in(latents.float())
         noise, sigmas = [], []
         for sample_id in sample_ids:
             gen = sample_generator(self.seed, sample_id)
-            noise.append(torch.randn(latents.shape[1:], generator=gen))
+            # at the model's latent shape, which process_latent_in may change (HunyuanImage 2.1's
+            # refiner folds frame pairs into channels: 32 -> 64); the sampler's noise has that shape too
+            noise.append(torch.randn(x0.shape[1:], generator=gen))
             t = draw_time(gen, self.timestep_sampling, lo, hi)
             sigmas.append(float(ms.percent_to_sigma(1.0 - t)))
-        return self.prepare_at(latents, conds, torch.stack(noise), sigmas)
+        return self._prepare_x0(x0, conds, torch.stack(noise), sigmas)
+
+    def noise_shape(self, latents: torch.Tensor) -> torch.Size:
+        """The shape of one sample's noise for these cached (raw VAE) latents: the processed latent's."""
+        return self.base.process_latent_in(latents[:1].float()).shape[1:]
 
     def prepare_at(self, latents: torch.Tensor, conds: list[dict[str, Any]], noise: torch.Tensor,
                    sigmas: list[float]) -> "Prepared":
-        """prepare() with the noise and sigmas given (the eval set's fixed ones, engine/eval_set.py)."""
+        """prepare() with the noise (at noise_shape) and sigmas given (the eval set's fixed ones,
+        engine/eval_set.py)."""
+        return self._prepare_x0(self.base.process_latent_in(latents.float()), conds, noise, sigmas)
+
+    def _prepare_x0(self, x0: torch.Tensor, conds: list[dict[str, Any]], noise: torch.Tensor,
+                    sigmas: list[float]) -> "Prepared":
         model = self.base
         ms = model.model_sampling
-        device = latents.device
-        x0 = model.process_latent_in(latents.float())
+        device = x0.device
+        if noise.shape != x0.shape:
+            raise ValueError(f"noise of shape {tuple(noise.shape)} for the latent {tuple(x0.shape)} after the model's "
+                             "process_latent_in: draw it at DiffusionObjective.noise_shape")
         noise = noise.to(device)
         sigma = torch.tensor(sigmas, dtype=torch.float32, device=device)
         xt = ms.noise_scaling(sigma, noise, x0)

@@ -114,6 +114,13 @@ FAMILIES = [
            dict(_HUNYUAN, in_channels=64, out_channels=64, vec_in_dim=None, guidance_embed=True, meanflow=True,
                 axes_dim=[16, 16], patch_size=[1, 1]),
            (64, 8, 8), 48, "guidance", lambda g: {"guidance": 3.5}),
+    # The refiner: its latent format folds frame pairs into channels (raw 32 -> 64 in the model), and the
+    # image to refine comes as concat_latent_image with noise_augmentation (ComfyUI's HunyuanRefinerLatent).
+    Family("hunyuan_image21_refiner", "HunyuanImage21Refiner",
+           dict(_HUNYUAN, in_channels=128, out_channels=64, vec_in_dim=None, guidance_embed=True,
+                patch_size=[1, 1, 1]),
+           (32, 1, 8, 8), 48, "edit",
+           lambda g: {"guidance": 3.5, "concat_latent_image": _r(g, 32, 1, 8, 8), "noise_augmentation": 0.1}),
     Family("omnigen2", "Omnigen2", dict(image_model="omnigen2", axes_dim_rope=[8, 12, 12], axes_lens=[1024, 1664, 1664],
                                         ffn_dim_multiplier=None, hidden_size=64, in_channels=16, multiple_of=16,
                                         norm_eps=1e-5, num_attention_heads=2, num_kv_heads=1, num_layers=2,
