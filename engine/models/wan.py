@@ -2,7 +2,9 @@
 
 Mirrors BaseModel._apply_model + WanModel._forward/forward_orig of ComfyUI 0.3.75: text context,
 and for i2v models the concat channels (c_concat: mask + image latents, which _apply_model puts in
-front of the patch embedding) and the CLIP vision tokens (clip_fea -> img_emb, Wan 2.1 i2v).
+front of the patch embedding) and the CLIP vision tokens (clip_fea -> img_emb, Wan 2.1 i2v); Wan 2.2
+TI2V's denoise_mask (a clean start frame: WAN22.process_timestep turns it into one timestep per
+frame, and the embedding's per-frame e/e0 follow forward_orig).
 VACE, camera, reference latents and other variants are refused until they are added here.
 Tensors passed between stages: x, e, e0, [context_img,] context, freqs (the block inputs) plus xt
 and sigma, which the head needs for ComfyUI's calculate_denoised. context_img (models with img_emb)
@@ -35,14 +37,14 @@ class _Embed(nn.Module):
 
         from comfy.model_base import convert_tensor
 
-        xt, sigma, context, concat, clip_fea = inputs
+        xt, sigma, context, concat, clip_fea, mask = inputs
         (base, dm), ms = self._refs, self.model_sampling
         dtype = base.manual_cast_dtype or base.get_dtype()
         xc = ms.calculate_input(sigma, xt)
         if concat.numel():  # an empty tensor stands for "no c_concat"
             xc = torch.cat([xc, concat.to(xc.device, xc.dtype)], dim=1)
         xc = xc.to(dtype)
-        t = base.process_timestep(ms.timestep(sigma).float(), x=xt)
+        t = base.process_timestep(ms.timestep(sigma).float(), x=xt, denoise_mask=mask if mask.numel() else None)
         context = context.to(dtype)
         frames, h, w = xc.shape[2:]
         x = comfy.ldm.common_dit.pad_to_patch_size(xc, dm.patch_size)
@@ -113,15 +115,15 @@ class WanAdapter:
 
     def first_stage_inputs(self, prepared) -> tuple[torch.Tensor, ...]:
         kw = prepared.kwargs
-        extra = sorted(set(kw) - {"c_crossattn", "c_concat", "clip_fea"})
+        extra = sorted(set(kw) - {"c_crossattn", "c_concat", "clip_fea", "denoise_mask"})
         if extra:
             raise ConfigError(f"pipeline_stages > 1 for Wan supports text-to-video and image-to-video; this run also "
                               f"needs {', '.join(extra)}. Set pipeline_stages to 1 for this model.")
         xt = prepared.xt
         empty = xt.new_zeros((xt.shape[0], 0))  # a stage's inputs are a fixed tuple of tensors (no None)
-        concat, clip_fea = kw.get("c_concat"), kw.get("clip_fea")
+        concat, clip_fea, mask = kw.get("c_concat"), kw.get("clip_fea"), kw.get("denoise_mask")
         return (xt, prepared.sigma, kw["c_crossattn"], empty if concat is None else concat,
-                empty if clip_fea is None else clip_fea)
+                empty if clip_fea is None else clip_fea, empty if mask is None else mask)
 
     def layers(self, base_model) -> list[nn.Module]:
         dm = base_model.diffusion_model
