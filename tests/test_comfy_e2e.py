@@ -115,7 +115,7 @@ def test_a_crashing_rank_becomes_a_node_error_with_the_log(comfy_server, demo_ba
     prompt = _training_only(_prompt(demo_base, "crash", steps=1, processes=2))
     _node(prompt, "PipeTrainLoadDataset")["folders"] = str(dataset)
     comfy_server.run(prompt, timeout=300)
-    for item in dataset.glob(".pipetrain_cache/*/items/*.safetensors"):
+    for item in dataset.glob(".pipetrain_cache/*/*/*.safetensors"):  # shards/ (format 2) or items/ (format 1)
         item.write_bytes(item.read_bytes()[:64])  # the real fault: damaged cache files
     again = copy.deepcopy(prompt)
     _node(again, "PipeTrainTrainPipeline")["steps"] = 2  # re-runs training; the cache node is reused

@@ -45,12 +45,15 @@ def _outputs(server, entry: dict, run_name: str, base: str) -> dict[str, Path]:
 
 
 def _cached_shapes(dataset: str) -> dict[str, list[int]]:
-    """Tensor shapes of the first item of the dataset's latent cache (CacheLatents' output)."""
+    """Tensor shapes of the first item of the dataset's latent cache (CacheLatents' output: shard files
+    whose tensors are named "<item index>/<key>", engine/cache_store.py)."""
     from safetensors import safe_open
 
-    first = sorted(Path(dataset).glob(".pipetrain_cache/*/items/*.safetensors"))[0]
+    first = sorted(Path(dataset).glob(".pipetrain_cache/*/shards/*.safetensors"))[0]
     with safe_open(str(first), "pt") as f:
-        return {key: list(f.get_slice(key).get_shape()) for key in f.keys()}
+        keys = sorted(f.keys())
+        item = keys[0].split("/", 1)[0]
+        return {k.split("/", 1)[1]: list(f.get_slice(k).get_shape()) for k in keys if k.split("/", 1)[0] == item}
 
 
 def test_edit_workflow_trains_and_the_lora_changes_the_edit(comfy_server, assets):
