@@ -133,9 +133,11 @@ def cache_dir_for(spec: DatasetSpec, fp: str) -> Path:
 def item_key(spec: DatasetSpec, item: DatasetItem, size) -> str:
     """What one cached item was made from (its file's name, size, mtime and caption, every other scan
     field but repeats, and the size it is cached at). The same key in another cache with the same
-    encoders and settings means the same tensors, so they can be copied instead of encoded."""
+    encoders and settings means the same tensors, so they can be copied instead of encoded. The
+    preprocessing and mask versions are part of it: a change to how files become pixels re-encodes."""
     fields = {k: v for k, v in vars(item).items() if k not in ("path", "repeats")}  # nested dataclasses: their repr
-    return hashlib.sha256(json.dumps([relative_source(spec, item.path), list(size), fields], sort_keys=True,
+    versions = {"preprocess": PREPROCESS_VERSION, "mask": MASK_VERSION}
+    return hashlib.sha256(json.dumps([relative_source(spec, item.path), list(size), fields, versions], sort_keys=True,
                                      default=repr).encode("utf-8", "surrogateescape")).hexdigest()[:32]
 
 

@@ -36,7 +36,8 @@ from PIL import Image, ImageOps, UnidentifiedImageError, features
 # Bump whenever load_image's output for the same file changes (resize filter, alpha policy...):
 # it is part of the cache fingerprint, so old latents are not silently reused.
 # 2: the center square is cut before resizing (resize box), not after.
-PREPROCESS_VERSION = 2
+# 3: videos with rotation metadata are turned upright (engine/video_io.py); captions cut, NULs removed.
+PREPROCESS_VERSION = 3
 _AVIF = bool(features.check("avif"))
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".jfif", ".webp", ".bmp", ".tif", ".tiff", ".gif") + \
     ((".avif",) if _AVIF else ())
