@@ -25,8 +25,9 @@ def test_run_chart_samples_reload_and_cancel_in_the_browser(comfy_server, demo_b
     assert (REPO / "node_modules" / "playwright-core").is_dir(), "playwright-core missing: run scripts/ui_deps.sh"
     artifacts = REPO / "tests" / "artifacts" / time.strftime("%Y%m%d-%H%M%S")
     run_name = f"ui_browser_{int(time.time())}"
+    thumbnails = sorted(list(Image.open(p).size) for p in (REPO / "example_workflows").glob("*.jpg"))
     out = subprocess.run([node, str(REPO / "tests" / "ui" / "browser_train.mjs"), comfy_server.url, str(artifacts),
-                          run_name],
+                          run_name, str(len(thumbnails))],
                          capture_output=True, text=True, timeout=480, cwd=REPO)
     lines = out.stdout.strip().splitlines()
     summary = json.loads(lines[-1]) if lines else {}
@@ -34,7 +35,6 @@ def test_run_chart_samples_reload_and_cancel_in_the_browser(comfy_server, demo_b
         f"browser test failed (screenshots in {artifacts}):\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}\n"
         f"{comfy_server.log_tail()}")
 
-    thumbnails = sorted(list(Image.open(p).size) for p in (REPO / "example_workflows").glob("*.jpg"))
     assert sorted(summary["templates"]) == thumbnails, summary["templates"]  # all listed, with our thumbnails
     assert summary["training"]["points"] >= 6 and "training" in summary["statuses"]
     assert summary["samples"]["samplesLoaded"] >= 1 and summary["samples"]["preview"] >= 1

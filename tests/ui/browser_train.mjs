@@ -3,12 +3,12 @@
 // preview), reload the page mid-run and see the chart come back, press Cancel and see the run stop.
 // Screenshots go to <artifacts dir>; the last stdout line is a JSON summary for the Python side.
 //
-//   node tests/ui/browser_train.mjs <comfyui url> <artifacts dir> <run name>
+//   node tests/ui/browser_train.mjs <comfyui url> <artifacts dir> <run name> <number of example workflows>
 import fs from "node:fs";
 import path from "node:path";
 import { openBrowser, openComfy } from "../../tools/chromium.mjs";
 
-const [url, artifacts, runName] = process.argv.slice(2);
+const [url, artifacts, runName, templateCount] = process.argv.slice(2);
 const TRAIN_ID = 8;
 fs.mkdirSync(artifacts, { recursive: true });
 const summary = { statuses: [], steps: {} };
@@ -72,8 +72,10 @@ try {
   // The card's thumbnail (the frontend shows it from a blob URL): its pixel size identifies our .jpg.
   const thumbs = () => [...document.querySelectorAll("[role=dialog] img, .p-dialog img")]
     .filter((i) => i.complete && i.naturalWidth > 0).map((i) => [i.naturalWidth, i.naturalHeight]);
-  await page.waitForFunction(() => [...document.querySelectorAll("[role=dialog] img, .p-dialog img")]
-    .some((i) => i.complete && i.naturalWidth > 0), null, { timeout: 15000 }).catch(() => {});
+  // Thumbnails load one by one: wait for all of them (a slow machine showed only the first one loaded).
+  await page.waitForFunction((n) => [...document.querySelectorAll("[role=dialog] img, .p-dialog img")]
+    .filter((i) => i.complete && i.naturalWidth > 0).length >= n, Number(templateCount), { timeout: 30000 })
+    .catch(() => {});
   summary.templates = await page.evaluate(thumbs);
   await shot("00_templates.png");
   await card.click();
