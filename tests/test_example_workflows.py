@@ -5,6 +5,7 @@ it, and sample with and without it. The image workflow is tests/test_comfy_e2e.p
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -108,3 +109,41 @@ def test_extra_files_are_kept_when_a_later_call_leaves_them_out(assets):
     again = write_demo_base(base, extras=("edit", "video"))
     assert [f.stat().st_mtime_ns for f in files] == before
     assert again["edit"] == assets["edit"] and again["video"] == assets["video"]
+
+
+def test_each_workflow_opened_in_the_editor_queues_its_api_twin(comfy_server, assets):
+    """What a user gets by opening a template: the real frontend loads the UI file and converts it to the
+    prompt it would queue; that prompt must be the API twin the tests above run (same nodes, links and
+    widget values), so a node input added or reordered since the export shows up here."""
+    from tools.node_runtime import node_binary
+
+    files = sorted(WORKFLOWS.glob("*.json"))
+    out = subprocess.run([node_binary() or "node", str(REPO / "tests" / "ui" / "workflow_prompts.mjs"), comfy_server.url,
+                          *map(str, files)], capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    opened = json.loads(out.stdout.strip().splitlines()[-1])
+    assert sorted(opened) == [f.stem for f in files]
+    info = requests.get(f"{comfy_server.url}/object_info", timeout=60).json()
+    for name, got in opened.items():
+        assert got["unknown"] == [], (name, got["unknown"])
+        api = json.loads((WORKFLOWS / "api" / f"{name}_api.json").read_text(encoding="utf-8"))
+        assert {k: v["class_type"] for k, v in got["output"].items()} == {k: v["class_type"] for k, v in api.items()}
+        for node_id, node in got["output"].items():
+            twin, spec = api[node_id]["inputs"], info[node["class_type"]]["input"]
+            for key, value in node["inputs"].items():
+                # The editor also queues the inputs the twin leaves out: they must be at their defaults.
+                expected = twin[key] if key in twin else _default(spec, key)
+                assert value == expected, (name, node_id, node["class_type"], key, value, expected)
+            assert set(twin) <= set(node["inputs"]), (name, node_id, set(twin) - set(node["inputs"]))
+
+
+def _default(spec: dict, key: str):
+    """An input's default as /object_info describes it (a combo without one defaults to its first choice)."""
+    for section in ("required", "optional"):
+        if key in spec.get(section, {}):
+            kind, *options = spec[section][key]
+            options = options[0] if options else {}
+            if "default" in options:
+                return options["default"]
+            return kind[0] if isinstance(kind, list) else options.get("options", [None])[0]
+    raise AssertionError(f"{key} is not an input of this node")
