@@ -1,8 +1,9 @@
 """Random-init files for the edit (Flux Kontext) and video (HunyuanVideo) example workflows.
 
-Like tools/tiny_assets.py (whose helpers this uses): ComfyUI's own classes, every tensor seeded,
-files its stock loaders detect as the real families. Both models take the demo's CLIP-L
-conditioning, because ComfyUI 0.3.75's detection reads their text widths from the file:
+Like tools/tiny_assets.py (helpers from tools/tiny_init.py, tiny_models.py, tiny_dataset.py):
+ComfyUI's own classes, every tensor seeded, files its stock loaders detect as the real families.
+Both models take the demo's CLIP-L conditioning, because ComfyUI 0.3.75's detection reads their
+text widths from the file:
 
 - Flux Kontext (comfy/model_detection.py, the Flux branch): context_in_dim from txt_in,
   vec_in_dim from vector_in, hidden_size from img_in; but num_heads is pinned to 24 and the rope
@@ -22,8 +23,9 @@ import shutil
 
 import torch
 
-from .tiny_assets import (COLOURS, SHAPES, _article, _atomic, _draw, _ensure_comfy, _init_all, _one_thread, _save,
-                          _write_text, build_tiny_taesd)
+from .tiny_dataset import COLOURS, SHAPES, _article, _draw
+from .tiny_init import _atomic, _ensure_comfy, _init_all, _one_thread, _save, _write_text
+from .tiny_models import build_tiny_taesd
 
 FLUX_FILE = "pipetrain-tiny-flux-kontext.safetensors"
 FLUX_VAE_FILE = "pipetrain-tiny-taef1.safetensors"

@@ -6,8 +6,8 @@ engine takes it as a client optimizer, PlainTrainer steps it directly; both clip
 (train.grad_clip) before calling step(). Weight decay applies to matrices only: every 1-D
 tensor (bias, norm scale) sits in a group with weight_decay 0.
 
-Adding an optimizer = one builder here + its name in config.OPTIMIZERS / OPTIMIZER_NOTES (and a
-learning-rate range in config.OPTIMIZER_LR_RANGES).
+Adding an optimizer = one builder here + its name in OPTIMIZERS / OPTIMIZER_NOTES (and a
+learning-rate range in OPTIMIZER_LR_RANGES), all in engine/config_choices.py.
 """
 from __future__ import annotations
 

@@ -1,0 +1,62 @@
+"""ConfigError and the checks RunConfig's sections share: one condition, one message that names the
+setting and the fix. Plain data, no torch; engine/config.py re-exports every name here.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .config_choices import OPTIMIZER_LR_RANGES
+
+if TYPE_CHECKING:
+    from .config_sections import MemorySpec, TrainSpec
+
+
+class ConfigError(ValueError):
+    """A setting the user can fix. The message names the setting and the fix."""
+
+
+def check(ok: bool, message: str) -> None:
+    """A ConfigError with `message` unless `ok` (the sections' one-line validations)."""
+    if not ok:
+        raise ConfigError(message)
+
+
+def check_optimizer_settings(memory: "MemorySpec", train: "TrainSpec") -> None:
+    """The learning rate must suit the optimizer; Prodigy's one step size needs all weights on each rank."""
+    low, high = OPTIMIZER_LR_RANGES.get(memory.optimizer, (0.0, float("inf")))
+    if not low <= train.learning_rate <= high:
+        typical = {"prodigy": "1.0", "adafactor": "1e-2"}.get(memory.optimizer, "1e-4")
+        raise ConfigError(f"train.learning_rate {train.learning_rate:g} does not suit memory.optimizer "
+                          f"{memory.optimizer!r} (sensible: {low:g} to {high:g}): set learning_rate to about "
+                          f"{typical}, or choose another optimizer.")
+    check(memory.optimizer != "prodigy" or memory.pipeline_stages == 1,
+          "memory.optimizer 'prodigy' estimates one step size from all LoRA weights, but with pipeline_stages "
+          f"{memory.pipeline_stages} each stage holds only part of them: set pipeline_stages to 1 or choose "
+          "another optimizer.")
+
+
+def split_points(text: str, stages: int) -> list[int]:
+    """memory.pipeline_split ("8,20") as layer indices; [] when empty. The upper bound (the layer
+    count) is checked where the model is known (engine/pipeline.py)."""
+    if not text.strip():
+        return []
+    fix = (f"give {stages - 1} increasing layer indices separated by commas (where stages 2..{stages} start), "
+           "or leave it empty to give every stage the same number of layers.")
+    try:
+        points = [int(p) for p in text.split(",")]
+    except ValueError:
+        raise ConfigError(f"memory.pipeline_split {text!r} is not a list of whole numbers: {fix}") from None
+    check(stages > 1, f"memory.pipeline_split is {text!r} but pipeline_stages is 1: raise pipeline_stages or "
+          "leave pipeline_split empty.")
+    check(len(points) == stages - 1, f"memory.pipeline_split {text!r} has {len(points)} split points; "
+          f"{stages} pipeline stages need {stages - 1}: {fix}")
+    check(points[0] >= 1 and all(a < b for a, b in zip(points, points[1:])),
+          f"memory.pipeline_split {text!r} must be strictly increasing and start at 1 or more (layer 0, the "
+          f"embedding, always opens stage 1): {fix}")
+    return points
+
+
+def gpu_count(nodes: int, per_node: int) -> str:
+    """'4 GPUs', or '4 GPUs (2 nodes x 2)' for several nodes: how validation messages count."""
+    total = f"{nodes * per_node} GPUs"
+    return total if nodes <= 1 else f"{total} ({nodes} nodes x {per_node})"
