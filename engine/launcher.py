@@ -61,7 +61,6 @@ def launcher_command(cfg: RunConfig, config_path: str | os.PathLike, master_port
         cmd += cluster.runner_args(node, hostfile, cfg.launch.gpu_ids)
     elif cfg.launch.gpu_ids:
         cmd += ["--master_port", str(master_port), "--include", "localhost:" + cfg.launch.gpu_ids]
-        cmd += ["--include", "localhost:" + cfg.launch.gpu_ids]
     else:
         cmd += ["--master_port", str(master_port), "--num_gpus", str(cfg.launch.num_gpus)]
     return cmd + ["--module", "--no_local_rank", "engine", "--config", str(config_path)]

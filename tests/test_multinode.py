@@ -141,6 +141,15 @@ def test_deepspeed_runner_reads_the_generated_flags_as_one_launcher_per_node(tmp
     args = runner.parse_args(launcher_command(cfg, "run.json", 0, node, node.hostfile)[4:])
     active = runner.parse_inclusion_exclusion(runner.fetch_hostfile(args.hostfile), args.include, args.exclude)
     assert dict(active) == {"hostA": [1, 3], "hostB": [1, 3]}
+    # One machine with gpu_ids: a single --include (DeepSpeed's parser keeps only the last of several).
+    one = _unvalidated(num_gpus=2, stages=2)
+    one = dataclasses.replace(one, launch=dataclasses.replace(one.launch, gpu_ids="1,3"))
+    cmd = launcher_command(one, "run.json", 29500, None)
+    assert cmd.count("--include") == 1 and "--num_gpus" not in cmd
+    args = runner.parse_args(cmd[cmd.index("deepspeed.launcher.runner") + 1:])
+    assert (args.include, args.master_port, args.user_script) == ("localhost:1,3", 29500, "engine")
+    active = runner.parse_inclusion_exclusion({"localhost": 4}, args.include, args.exclude)
+    assert dict(active) == {"localhost": [1, 3]}
     # num_nodes without a hostfile: a generated one, one line per node.
     cfg = _unvalidated(num_gpus=2, stages=2, num_nodes=2, no_ssh=True, master_addr="10.0.0.1")
     node = cluster.plan(cfg, node_rank=0)
