@@ -32,11 +32,6 @@ def _prepare(model, **cond_args):
     return DiffusionObjective(model, seed=3).prepare(latents, conds, [0, 1])
 
 
-def _reference(model, prepared):
-    """ComfyUI's prediction with empty transformer_options: flux.py's blocks get no sigmas either."""
-    return model.apply_model(prepared.xt, prepared.sigma, transformer_options={}, **prepared.kwargs)
-
-
 CASES = {
     "dev": dict(guidance_embed=True, cond=dict()),
     "dev-no-guidance": dict(guidance_embed=True, cond=dict(guidance=None)),  # FluxDisableGuidance
@@ -56,7 +51,7 @@ def test_stage_layers_equal_comfyui_forward(comfy, case):
     """Running the adapter's layers one after another gives apply_model's output bit for bit."""
     model = _model(CASES[case]["guidance_embed"])
     prepared = _prepare(model, **CASES[case]["cond"])
-    assert_layers_equal_reference(model, prepared, "flux", expected=_reference)
+    assert_layers_equal_reference(model, prepared, "flux")  # ComfyUI with the engine's transformer_options
 
 
 @pytest.mark.parametrize("kontext", [False, True])
@@ -68,8 +63,35 @@ def test_stage_layers_give_comfyui_lora_gradients(comfy, kontext):
     assert any(t.startswith("double_blocks.") for t in targets) and any(t.startswith("single_blocks.") for t in targets)
     prepared = _prepare(model, **cond_args)
 
-    want, got = lora_grads(model, prepared, lora, "flux", expected=_reference)
+    want, got = lora_grads(model, prepared, lora, "flux")
     assert_same_lora_grads(want, got)
+
+
+def test_blocks_get_the_transformer_options_comfyui_gives_them(comfy):
+    """Each block sees what forward_orig hands it (the engine's sigmas, block type/index/total), as
+    attention overrides and patches read them."""
+    from adapter_checks import reference, run_layers
+
+    model = _model()
+    prepared = _prepare(model)
+    seen = []
+
+    def record(module, args, kwargs):  # a copy now: forward_orig reuses one dict for every block
+        opts = kwargs["transformer_options"]
+        seen.append({k: opts[k] for k in ("block_type", "block_index", "total_blocks")} | {"sigmas": opts["sigmas"]})
+
+    dm = model.diffusion_model
+    for block in (*dm.double_blocks, *dm.single_blocks):
+        block.register_forward_pre_hook(record, with_kwargs=True)
+    with torch.no_grad():
+        reference(model, prepared)
+        want, seen[:] = list(seen), []
+        run_layers(model, prepared, "flux")
+    assert [o["block_type"] for o in want] == ["double"] * len(dm.double_blocks) + ["single"] * len(dm.single_blocks)
+    assert len(seen) == len(want)
+    for got, ref in zip(seen, want):
+        assert {k: v for k, v in got.items() if k != "sigmas"} == {k: v for k, v in ref.items() if k != "sigmas"}
+        assert torch.equal(got["sigmas"], ref["sigmas"]) and torch.equal(got["sigmas"], prepared.sigma)
 
 
 def test_unsupported_flux_variants_are_refused(comfy):

@@ -6,7 +6,8 @@ conditioning = T5 context, pooled CLIP vector (y) and, for guidance-distilled fi
 value, and Kontext reference latents (ref_latents, any ref_latents_method). Refused until they are
 added here: Fill/inpaint concat channels, attention masks, ControlNet, and the other families built
 on the Flux blocks (Chroma, Flux.2, HunyuanVideo), which have their own base-model classes and do
-not match.
+not match. Each block gets what forward_orig hands it: the caller's transformer_options (the
+engine's: sigmas) plus the block keys (common.block_options).
 
 Tensors passed between stages:
   double-block stages: img (target tokens, then reference tokens), txt, vec, pe, xt, sigma, refs
@@ -21,17 +22,13 @@ import torch
 from torch import nn
 
 from ..config import ConfigError
-from .common import EmbedLayer, HeadLayer, apply_model_start, keep_in_graph, or_none, refuse_unhandled, stage_input
+from ..objective import transformer_options
+from .common import (EmbedLayer, HeadLayer, apply_model_start, block_options, keep_in_graph, or_none, refuse_unhandled,
+                     stage_input)
 
 # The kwargs of model.extra_conds this adapter reproduces; anything else means a variant it does not.
 _HANDLED = {"c_crossattn", "y", "guidance", "ref_latents", "ref_latents_method"}
 _REF_METHODS = ("offset", "index", "uxo")  # as codes for the first stage; ComfyUI treats unknown names as offset
-
-
-def _options(block_type: str, index: int, total: int) -> dict:
-    # forward_orig writes these into transformer_options before each block; attention overrides may
-    # read them, so give each call the same values (and a fresh dict: models write into it).
-    return {"block_type": block_type, "block_index": index, "total_blocks": total}
 
 
 def _join(img, txt):
@@ -76,7 +73,7 @@ class _Embed(EmbedLayer):
         guidance = None if guidance is None else convert_tensor(guidance, dtype, device)
 
         # Flux._forward
-        img, img_ids = dm.process_img(xc, transformer_options={})
+        img, img_ids = dm.process_img(xc, transformer_options=transformer_options(sigma))  # the engine's: no rope_options
         img, img_ids, ref_tokens = _add_references(dm, img, img_ids, xc, [convert_tensor(r, dtype, device) for r in refs],
                                                    _ref_method(dm, int(method.reshape(-1)[0])))
         txt_ids = torch.zeros((xc.shape[0], context.shape[1], len(dm.params.axes_dim)), device=device,
@@ -142,7 +139,7 @@ class _Double(nn.Module):
     def forward(self, inputs):
         img, txt, vec, pe, xt, sigma, refs = inputs
         img, txt = self.block(img=img, txt=txt, vec=vec, pe=pe, attn_mask=None,
-                              transformer_options=_options("double", self.index, self.total))
+                              transformer_options=block_options(sigma, "double", self.index, self.total))
         if self.join:  # the last double block hands the single blocks one joint sequence
             return _join(img, txt), vec, pe, xt, sigma, refs
         return img, txt, vec, pe, xt, sigma, refs
@@ -156,7 +153,8 @@ class _Single(nn.Module):
 
     def forward(self, inputs):
         x, vec, pe, xt, sigma, refs = inputs
-        x = self.block(x, vec=vec, pe=pe, attn_mask=None, transformer_options=_options("single", self.index, self.total))
+        x = self.block(x, vec=vec, pe=pe, attn_mask=None,
+                       transformer_options=block_options(sigma, "single", self.index, self.total))
         return x, vec, pe, xt, sigma, refs
 
 
