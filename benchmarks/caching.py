@@ -9,7 +9,8 @@ tools/tiny_assets.py, loaded through ComfyUI as the tests do. It measures:
   - the first full cache (LoadDataset + CacheLatents): items/s;
   - peak RSS of the process above what it held after loading the encoders (RAM that grows
     with N would show here), and the cache's size on disk;
-  - a re-run with nothing changed (LoadDataset's IS_CHANGED, its scan, CacheLatents);
+  - a re-run with nothing changed (LoadDataset's IS_CHANGED, its scan, CacheLatents, which reuses
+    that scan: engine/scan_memo.py);
   - a re-run after touching 1% of the images (only those should be encoded again);
   - CacheLatents with trust_cache on (only the cache's manifests are read).
 Unchanged items of a new fingerprint are copied from the previous cache's shards (read + write

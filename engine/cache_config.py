@@ -3,7 +3,7 @@
 The headless twin of the CacheLatents node (docs/datasets.md, "Caching from a shell"). Validated
 once, before any rank starts, with messages that name the setting and the fix. Relative paths
 are read against the config file's folder; a model may also be named as ComfyUI lists it (a file
-under <comfyui_root>/models/vae, text_encoders, clip or checkpoints). Plain data: no torch, no comfy.
+under <comfyui_root>/models/vae, text_encoders, clip, clip_vision or checkpoints). Plain data: no torch, no comfy.
 """
 from __future__ import annotations
 
@@ -20,7 +20,9 @@ from .config import ConfigError, _check, write_text_atomic
 from .dataset import DatasetError, DatasetSpec
 
 CACHE_CONFIG_VERSION = 1
-MODEL_FOLDERS = {"vae": ("vae",), "clip": ("text_encoders", "clip"), "checkpoint": ("checkpoints",)}
+MODEL_FOLDERS = {"vae": ("vae",), "clip": ("text_encoders", "clip"), "checkpoint": ("checkpoints",),
+                 "clip_vision": ("clip_vision",)}
+CLIP_VISION_CROPS = ("center", "none")  # CLIPVisionEncode's crop choices
 
 
 @dataclass(frozen=True)
@@ -32,6 +34,8 @@ class CacheConfig:
     clip_type: str = "stable_diffusion"  # CLIPLoader's type: a comfy.sd.CLIPType name in lower case
     checkpoint: str = ""  # a full checkpoint: its VAE and text encoder where vae / clip are not given
     first_frame_conditioning: bool = False  # CacheLatents' input of the same name
+    clip_vision: str = ""  # a CLIP-vision file (CLIPVisionLoader): each item's first frame encoded with it; "" = none
+    clip_vision_crop: str = "center"  # CacheLatents' clip_vision_crop (CLIPVisionEncode's crop): center or none
     regenerate: bool = False
     trust_cache: bool = False
     processes: int = 1  # ranks on this machine: one per GPU (CPU processes where there is no CUDA)
@@ -57,9 +61,15 @@ class CacheConfig:
                "checkpoint that contains one.")
         _check(bool(self.clip or self.checkpoint), "no text encoder: set \"clip\" to the text encoder file(s), or "
                "\"checkpoint\" to a checkpoint that contains one.")
-        for setting, path in [("vae", self.vae), ("checkpoint", self.checkpoint)] + [("clip", p) for p in self.clip]:
+        for setting, path in [("vae", self.vae), ("checkpoint", self.checkpoint), ("clip_vision", self.clip_vision)] + \
+                [("clip", p) for p in self.clip]:
             _check(not path or os.path.isfile(path), f"{setting}: the file {path} does not exist; give a path or a file "
                    f"name from ComfyUI's models/{MODEL_FOLDERS[setting][0]} folder.")
+        _check(self.clip_vision_crop in CLIP_VISION_CROPS, f"clip_vision_crop {self.clip_vision_crop!r}: use "
+               "\"center\" or \"none\" (CLIPVisionEncode's crop; what your sampling workflow uses).")
+        _check(self.clip_vision_crop == "center" or bool(self.clip_vision), "clip_vision_crop is set but "
+               "clip_vision is not: set \"clip_vision\" to the CLIP-vision file (models/clip_vision), or remove "
+               "clip_vision_crop.")
         types = clip_types(self.comfyui_root)
         _check(self.clip_type in types, f"clip_type {self.clip_type!r} is not one ComfyUI knows: choose one of "
                f"{', '.join(types)} (CLIPLoader's 'type').")
@@ -108,7 +118,7 @@ class CacheConfig:
         root = _absolute(kwargs["comfyui_root"], base_dir)
         models = os.path.join(root, "models")
         kwargs["comfyui_root"] = root
-        for name in ("vae", "checkpoint"):
+        for name in ("vae", "checkpoint", "clip_vision"):
             if kwargs.get(name):
                 kwargs[name] = model_file(kwargs[name], base_dir, models, MODEL_FOLDERS[name])
         kwargs["clip"] = tuple(model_file(p, base_dir, models, MODEL_FOLDERS["clip"]) for p in kwargs.get("clip", ()))

@@ -4,11 +4,12 @@
     python -m engine cache --config cache.json --worker   # one rank (what the launcher starts)
 
 One process runs in place; several are started by DeepSpeed's launcher (one per GPU, CPU
-processes without CUDA). Each rank loads the VAE and text encoder with ComfyUI's own loaders and
-encodes the items i with i % N == rank (engine/cache_writer.py). Rank 0 scans the dataset once
-and hands the plan to the others; each rank writes its own shards, and after every rank finished
-rank 0 writes the metadata table and the manifest (engine/cache_store.py). The ranks
-only exchange that plan and a few counters, over gloo (CPU), so no GPU collective is needed.
+processes without CUDA). Each rank loads the VAE and text encoder (and a CLIP-vision model, if the
+config names one) with ComfyUI's own loaders and encodes the items i with i % N == rank
+(engine/cache_writer.py). Rank 0 scans the dataset once and hands the plan to the others; each
+rank writes its own shards, and after every rank finished rank 0 writes the metadata table and the
+manifest (engine/cache_store.py). The ranks only exchange that plan and a few counters, over gloo
+(CPU), so no GPU collective is needed.
 """
 from __future__ import annotations
 
@@ -44,6 +45,20 @@ def load_encoders(cfg: CacheConfig):
     return vae, clip
 
 
+def load_clip_vision(cfg: CacheConfig):
+    """The CLIP_VISION that ComfyUI's CLIPVisionLoader gives for cfg.clip_vision, or None when it is not set."""
+    if not cfg.clip_vision:
+        return None
+    import comfy.clip_vision
+
+    model = comfy.clip_vision.load(cfg.clip_vision)
+    if model is None:  # ComfyUI recognises the vision encoders it ships configs for, by their layer count
+        raise ConfigError(f"clip_vision: {cfg.clip_vision} is not a CLIP-vision model ComfyUI can load (its Load CLIP "
+                          "Vision node refuses it too): give the file you load there for CLIPVisionEncode, e.g. "
+                          "clip_vision_h.safetensors for Wan 2.1 i2v.")
+    return model
+
+
 def _say(rank: int, message: str) -> None:
     if rank == 0:
         print(f"PipeTrain cache: {message}", flush=True)
@@ -66,7 +81,8 @@ def run_rank(cfg: CacheConfig, worker: bool) -> int:
         dist.init_process_group("gloo", timeout=timedelta(seconds=cfg.timeout_s))
     try:
         vae, clip = load_encoders(cfg)
-        identity = cache_identity(vae, clip, cfg.first_frame_conditioning)
+        clip_vision, crop = load_clip_vision(cfg), cfg.clip_vision_crop != "none"
+        identity = cache_identity(vae, clip, cfg.first_frame_conditioning, clip_vision, crop)
         if cfg.trust_cache and not cfg.regenerate:
             trusted = find_trusted_cache(cfg.dataset, identity)  # every rank finds the same one
             if trusted is not None:
@@ -89,7 +105,7 @@ def run_rank(cfg: CacheConfig, worker: bool) -> int:
         start, mine = time.monotonic(), len(range(rank, len(plan.entries), world))
         _say(rank, f"{len(plan.entries)} item(s) on {world} rank(s) -> {plan.cache_dir}")
         result = encode_shard(plan, vae, clip, rank, world, cfg.regenerate, cfg.first_frame_conditioning,
-                              progress=_progress(rank, mine, start))
+                              progress=_progress(rank, mine, start), clip_vision=clip_vision, clip_vision_crop=crop)
         parts = [result]
         if world > 1:
             parts = [None] * world
@@ -98,7 +114,7 @@ def run_rank(cfg: CacheConfig, worker: bool) -> int:
             return 0
         merged = ShardResult.merge(parts)
         spec = finish_cache(plan, merged, lambda m: _say(0, f"warning: {m}"))
-        _say(rank, f"{merged.reused} item(s) reused, {merged.linked} linked from the previous cache, {merged.encoded} "
+        _say(rank, f"{merged.reused} item(s) reused, {merged.copied} copied from the previous cache, {merged.encoded} "
                    f"encoded in {time.monotonic() - start:.1f}s -> {spec.cache_dir} ({spec.count} item(s))")
         return 0
     finally:

@@ -97,6 +97,33 @@ def read_stored(path: str | os.PathLike, index: int | None) -> tuple[dict[str, t
     return tensors, json.loads(meta["items"])[str(index)]
 
 
+class ShardReader:
+    """Reads stored items (read_stored's answer) keeping the last OPEN_SHARDS shards open with their
+    parsed headers: copying a previous cache reads a shard's items one after another, and parsing the
+    header (every item's metadata) once per item instead would cost more than copying the tensors."""
+
+    def __init__(self):
+        self._open: OrderedDict[str, tuple[Any, dict[str, dict[str, str]], dict[int, list[str]]]] = OrderedDict()
+
+    def read(self, path: str | os.PathLike, index: int | None) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+        if index is None:  # a format 1 item file: one item, nothing to keep
+            return read_stored(path, None)
+        key = str(path)
+        if key in self._open:
+            self._open.move_to_end(key)
+        else:
+            handle = safe_open(key, framework="pt")
+            names: dict[int, list[str]] = {}
+            for name in handle.keys():
+                names.setdefault(int(name.split("/", 1)[0]), []).append(name)
+            self._open[key] = (handle, json.loads((handle.metadata() or {})["items"]), names)
+            if len(self._open) > OPEN_SHARDS:
+                self._open.popitem(last=False)
+        handle, metas, names = self._open[key]
+        meta = metas[str(index)]  # KeyError: the shard does not hold that item
+        return {name.split("/", 1)[1]: handle.get_tensor(name) for name in names.get(index, [])}, meta
+
+
 class ShardWriter:
     """One rank's writer: whole items go into a buffer, a full buffer becomes one shard.
 
@@ -213,6 +240,26 @@ def write_metadata(cache_dir: str | os.PathLike, fp: str, spec: DatasetSpec, enc
         if old.name != name and old.is_dir():
             shutil.rmtree(old, ignore_errors=True)
     return len(done), tuple(manifest["latent_shape"])
+
+
+def complete_manifest(cache_dir: str | os.PathLike, fp: str, spec: DatasetSpec, encoders: dict) -> dict | None:
+    """The manifest of a complete cache that write_metadata would write again unchanged (same fingerprint,
+    encoders and dataset settings, its table and shards present), else None. With nothing encoded or
+    copied, such a manifest already describes every item: a re-run need not rebuild the table's hash."""
+    cache_dir = Path(cache_dir)
+    try:
+        manifest = json.loads((cache_dir / MANIFEST).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    want = json.loads(json.dumps({"fingerprint": fp, "encoders": dict(encoders), "dataset": spec.to_dict(),
+                                  "version": CACHE_FORMAT_VERSION}, default=str))
+    if any(manifest.get(k) != v for k, v in want.items()):
+        return None
+    table, shards = cache_dir / str(manifest.get("metadata", "")), manifest.get("shards") or []
+    if not manifest.get("metadata") or not table.is_dir() or not shards:
+        return None
+    on_disk = {p.name for p in (cache_dir / SHARDS).glob("*.safetensors") if not p.name.startswith(".")}
+    return manifest if on_disk == set(shards) else None
 
 
 def read_stored_shapes(path: Path, index: int) -> tuple[dict[str, list[int]], dict[str, str]]:

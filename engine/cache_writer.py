@@ -24,11 +24,12 @@ import torch
 
 from .cache_format import (CACHE_FOLDER, MANIFEST, CachedDataset, CacheError, CacheSpec, cache_dir_for, fingerprint,
                            item_key, restore_cond, write_item)
-from .cache_store import ShardWriter, read_stored, scan_shards, write_metadata
+from .cache_store import ShardReader, ShardWriter, complete_manifest, scan_shards, write_metadata
 from .cache_items import (caption_cond, clip_vision_extras, first_frame_extras, load_pixels, loss_mask_tensor,
                           per_item, reference_extras, safe_text)
-from .dataset import DatasetItem, DatasetSpec, cache_entries, relative_source, validate
+from .dataset import DatasetItem, DatasetSpec, cache_entries, relative_source
 from .image_io import ImageReadError, describe_error
+from .scan_memo import validate_once
 from .video_io import VideoReadError
 
 FAILURES_SHOWN = 5
@@ -92,8 +93,9 @@ class CachePlan:
 
 
 def plan_cache(dataset: DatasetSpec, identity: dict, warn: Callable[[str], None]) -> CachePlan:
-    """Scan the dataset (its warnings go to `warn`), fingerprint it and check the cache folder."""
-    scan = validate(dataset)
+    """Scan the dataset (its warnings go to `warn`), fingerprint it and check the cache folder. The scan
+    LoadDataset just made is reused when no file changed since (engine/scan_memo.py)."""
+    scan = validate_once(dataset)
     for warning in scan.warnings:
         warn(warning)
     fp = fingerprint(dataset, scan.items, identity)
@@ -107,7 +109,7 @@ def plan_cache(dataset: DatasetSpec, identity: dict, warn: Callable[[str], None]
 class ShardResult:
     """What one rank did; failed holds the first FAILURES_SHOWN messages of failed_count."""
     reused: int = 0
-    linked: int = 0
+    copied: int = 0  # unchanged items copied from the previous cache's shards (no encoder call)
     encoded: int = 0
     captions: int = 0  # distinct captions this rank saw
     failed_count: int = 0
@@ -123,7 +125,7 @@ class ShardResult:
     def merge(cls, parts: list[ShardResult]) -> ShardResult:
         out = cls()
         for p in parts:
-            out.reused, out.linked, out.encoded = out.reused + p.reused, out.linked + p.linked, out.encoded + p.encoded
+            out.reused, out.copied, out.encoded = out.reused + p.reused, out.copied + p.copied, out.encoded + p.encoded
             out.captions += p.captions
             out.failed_count += p.failed_count
             out.failed = (out.failed + p.failed)[:FAILURES_SHOWN]
@@ -143,7 +145,7 @@ def encode_shard(plan: CachePlan, vae, clip, rank: int = 0, world: int = 1, rege
     """Encode and write the items i with i % world == rank that are in no complete shard yet.
 
     Items in a complete shard are skipped (a cancelled run resumes), unchanged files are copied from
-    the previous cache (ShardResult.linked), files that fail to decode are counted in the result.
+    the previous cache (ShardResult.copied), files that fail to decode are counted in the result.
     write(writer, index, ...) is cache_format.write_item. check_cancel runs before each item (the
     node raises ComfyUI's interrupt there), progress after each. clip_vision (a ComfyUI CLIP_VISION)
     also stores each item's first-frame CLIP-vision encoding (cache_items.clip_vision_extras).
@@ -155,7 +157,7 @@ def encode_shard(plan: CachePlan, vae, clip, rank: int = 0, world: int = 1, rege
     writer = ShardWriter(cache_dir)
     try:
         out = _encode_loop(plan, vae, clip, rank, world, first_frame_conditioning, write, check_cancel, progress,
-                           clip_vision, clip_vision_crop, previous, writer)
+                           clip_vision, clip_vision_crop, (previous, ShardReader()), writer)
         writer.flush()
     except OSError as e:
         raise write_error(dataset, e) from e
@@ -169,7 +171,7 @@ def encode_shard(plan: CachePlan, vae, clip, rank: int = 0, world: int = 1, rege
 
 
 def _encode_loop(plan: CachePlan, vae, clip, rank: int, world: int, first_frame_conditioning: bool, write,
-                 check_cancel, progress, clip_vision, clip_vision_crop: bool, previous: dict,
+                 check_cancel, progress, clip_vision, clip_vision_crop: bool, previous: tuple[dict, ShardReader],
                  writer: ShardWriter) -> ShardResult:
     # identical captions are encoded once per rank; later ones copy the first item's stored
     # conditioning from disk rather than keeping every caption's tensors in memory (keys: digests)
@@ -185,7 +187,7 @@ def _encode_loop(plan: CachePlan, vae, clip, rank: int, world: int, first_frame_
             out.reused += 1
             caption_item.setdefault(key, index)  # its stored cond serves this caption
         elif _copy_previous(previous, plan, index, writer):
-            out.linked += 1  # unchanged file: the previous cache's tensors
+            out.copied += 1  # unchanged file: the previous cache's tensors, read and written again
             caption_item.setdefault(key, index)
         else:
             message = _encode_one(plan, vae, clip, index, item, size, caption_item.get(key), first_frame_conditioning,
@@ -207,13 +209,15 @@ def _digest(caption: str) -> bytes:
     return hashlib.blake2b(caption.encode("utf-8", "surrogateescape"), digest_size=16).digest()
 
 
-def _copy_previous(previous: dict, plan: CachePlan, index: int, writer: ShardWriter) -> bool:
-    """Copy an unchanged item's tensors from the previous cache into this one; False if it is gone or unreadable."""
-    source = previous.get(item_key(plan.dataset, *plan.entries[index])) if previous else None
+def _copy_previous(previous: tuple[dict, ShardReader], plan: CachePlan, index: int, writer: ShardWriter) -> bool:
+    """Copy an unchanged item's tensors from the previous cache into this one; False if it is gone or unreadable.
+    previous: (previous_items' table, the reader that keeps the shards being copied from open)."""
+    items, reader = previous
+    source = items.get(item_key(plan.dataset, *plan.entries[index])) if items else None
     if not source:
         return False
     try:
-        tensors, meta = read_stored(*source)
+        tensors, meta = reader.read(*source)
     except Exception:  # noqa: BLE001 - deleted or damaged meanwhile: encode it instead
         return False
     writer.add(index, tensors, {k: meta[k] for k in ("source", "caption", "repeats", "cond_none", "cond_json",
@@ -275,6 +279,10 @@ def finish_cache(plan: CachePlan, result: ShardResult, warn: Callable[[str], Non
     if result.skipped_keys:
         warn(f"conditioning value(s) {', '.join(result.skipped_keys)} are neither tensors nor JSON and were not "
              "cached; models that need them will not train correctly.")
+    if not result.encoded and not result.copied:
+        manifest = complete_manifest(cache_dir, plan.fingerprint, dataset, plan.identity)
+        if manifest is not None:  # a re-run that changed nothing: the manifest already describes every item
+            return CacheSpec(str(cache_dir), plan.fingerprint, int(manifest["count"]), tuple(manifest["latent_shape"]))
     if not scan_shards(cache_dir):
         raise CacheError(f"none of the dataset's {len(entries)} image(s) could be decoded, so there is nothing to "
                          f"train on: {failures or '?'}.")

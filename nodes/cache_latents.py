@@ -93,7 +93,7 @@ class PipeTrainCacheLatents:
                               write=write_item, check_cancel=compat.raise_if_interrupted,
                               progress=lambda: pbar.update(1), clip_vision=clip_vision, clip_vision_crop=crop)
         spec = finish_cache(plan, result, warn)
-        log.info("PipeTrain CacheLatents: %d item(s) reused, %d linked from the previous cache, %d encoded (%d distinct "
-                 "caption(s)) in %.1fs -> %s", result.reused, result.linked, result.encoded, result.captions,
+        log.info("PipeTrain CacheLatents: %d item(s) reused, %d copied from the previous cache, %d encoded (%d distinct "
+                 "caption(s)) in %.1fs -> %s", result.reused, result.copied, result.encoded, result.captions,
                  time.monotonic() - start, plan.cache_dir)
         return (spec,)

@@ -8,7 +8,8 @@ from __future__ import annotations
 import logging
 
 from ..engine.buckets import BucketError, parse_aspect_ratios, parse_resolutions
-from ..engine.dataset import DatasetError, DatasetSpec, cache_entries, files_signature, parse_folder_lines, validate
+from ..engine.dataset import DatasetError, DatasetSpec, cache_entries, files_signature, parse_folder_lines
+from ..engine.scan_memo import scan  # validate(), with the result kept for CacheLatents while no file changes
 from ..engine.dataset_folders import resolve_extra_folder
 from . import compat
 from .types import DATASET
@@ -158,7 +159,7 @@ class PipeTrainLoadDataset:
              video_frames=0, frame_stride=1, mask_folder="", control_folder=""):
         spec = build_spec(folders, resolution, repeats, aspect_ratios, extra_resolutions, bucket_multiple,
                           video_frames, frame_stride, mask_folder, control_folder)
-        result = validate(spec)
+        result = scan(spec)
         for warning in result.warnings:
             log.warning("PipeTrain LoadDataset: %s", warning)
         images = sum(1 for item in result.items if not item.frames)

@@ -5,6 +5,7 @@ the node modules' relative imports (`..engine`) run exactly as inside ComfyUI.
 """
 from __future__ import annotations
 
+import logging
 import os
 import types
 
@@ -156,16 +157,16 @@ def test_trust_cache_skips_the_file_check(m, encoders, dataset):
                                                       trust_cache=True)
     assert trusted == first and (vae.vae_calls, clip.clip_calls) == (0, 0)  # reused as-is, nothing opened
     (checked,) = m.cache.PipeTrainCacheLatents().cache(dataset=spec, vae=vae, clip=clip, regenerate=False)
-    # a new fingerprint; only the edited image is encoded, the other 3 are linked from the first cache
+    # a new fingerprint; only the edited image is encoded, the other 3 are copied from the first cache
     assert checked.fingerprint != first.fingerprint and vae.vae_calls == 1
     # other encoder settings never match a trusted cache
     other = m.cache.find_trusted_cache(spec, {"vae": "another", "clip": "x"})
     assert other is None
 
 
-def test_only_changed_files_are_encoded_again(m, encoders, dataset):
+def test_only_changed_files_are_encoded_again(m, encoders, dataset, caplog):
     """An edited image or caption gives a new fingerprint (a new folder); the items of unchanged files
-    are linked from the previous cache, with the same tensors, instead of encoded again."""
+    are copied from the previous cache, with the same tensors, instead of encoded again."""
     spec, paths = dataset
     first = _run(m, spec, encoders[0], encoders[1])
     from PIL import Image
@@ -174,8 +175,10 @@ def test_only_changed_files_are_encoded_again(m, encoders, dataset):
     with open(os.path.splitext(paths[0])[0] + ".txt", "a", encoding="utf-8") as f:
         f.write(" at night")
     vae, clip = Counting(encoders[0]), Counting(encoders[1])
-    second = _run(m, spec, vae, clip)
+    with caplog.at_level(logging.INFO, logger="PipeTrain"):
+        second = _run(m, spec, vae, clip)
     assert second.fingerprint != first.fingerprint and vae.vae_calls == 2
+    assert "0 item(s) reused, 2 copied from the previous cache, 2 encoded" in caplog.text
     old, new = m.fmt.CachedDataset(first.cache_dir), m.fmt.CachedDataset(second.cache_dir)
     assert new[0]["caption"].endswith(" at night")
     pixels = torch.from_numpy(m.data.load_image(paths[1], 64)).unsqueeze(0)
@@ -186,7 +189,7 @@ def test_only_changed_files_are_encoded_again(m, encoders, dataset):
     assert new.table[2]["shard"] in {p.name for p in (new.cache_dir / "shards").iterdir()}
     vae = Counting(encoders[0])
     _run(m, spec, vae, encoders[1], regenerate=True)
-    assert vae.vae_calls == 4  # regenerate links nothing
+    assert vae.vae_calls == 4  # regenerate copies nothing
 
 
 def test_cancelled_run_resumes(m, encoders, dataset, comfy):

@@ -20,7 +20,7 @@ from PIL import Image
 import family_configs as fc
 import tiny_wan
 from engine_runs import final_lora, run_to_end
-from test_video_dataset import write_video
+from media_writers import write_video
 from PipeTrain.engine.cache_format import CachedDataset
 from PipeTrain.engine.config import LaunchSpec, LoraSpec, RunConfig, TrainSpec
 

@@ -28,6 +28,7 @@ from PipeTrain.engine.config import ConfigError  # noqa: E402
 from test_awkward_datasets import png_bytes  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+PENULTIMATE, LAST = "clip_vision_output.penultimate_hidden_states", "clip_vision_output.last_hidden_state"
 
 
 @pytest.fixture(scope="module")
@@ -43,9 +44,9 @@ def encoders(files):
     return load_tiny_encoders(files["vae"], files["clip"])
 
 
-def node_cache(folder: Path, encoders):
+def node_cache(folder: Path, encoders, **options):
     """The CacheLatents node's cache of `folder` (in-process, one thread as each rank has: CPU matmuls
-    round differently with other thread counts)."""
+    round differently with other thread counts); options: the node's optional inputs."""
     from PipeTrain.nodes.cache_latents import PipeTrainCacheLatents
     from PipeTrain.nodes.load_dataset import PipeTrainLoadDataset
 
@@ -53,10 +54,31 @@ def node_cache(folder: Path, encoders):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        (out,) = PipeTrainCacheLatents().cache(dataset=spec, vae=encoders[0], clip=encoders[1], regenerate=False)
+        (out,) = PipeTrainCacheLatents().cache(dataset=spec, vae=encoders[0], clip=encoders[1], regenerate=False,
+                                               **options)
     finally:
         torch.set_num_threads(threads)
     return out
+
+
+@pytest.fixture(scope="module")
+def clip_vision_file(comfy_root, tmp_path_factory) -> str:
+    """A CLIP-vision file with seeded random weights that ComfyUI's loader (comfy.clip_vision.load, what
+    Load CLIP Vision runs) accepts. It picks a bundled config by the number of layers it finds, so no tiny
+    file loads: this is its smallest layout, ViT-L/14 at 224 px (0.3 B parameters, 581 MiB in fp16)."""
+    from family_configs import init_weights
+    from PipeTrain.engine.comfy_bootstrap import import_comfy
+    from safetensors.torch import save_file
+
+    import_comfy(comfy_root)
+    import comfy.clip_vision
+
+    config = Path(comfy.clip_vision.__file__).parent / "clip_vision_config_vitl.json"
+    model = comfy.clip_vision.ClipVisionModel(str(config))
+    init_weights(model.model, seed=0)
+    path = tmp_path_factory.mktemp("clip_vision") / "vit_l_random.safetensors"
+    save_file({k: v.contiguous() for k, v in model.model.state_dict().items()}, str(path))
+    return str(path)
 
 
 @pytest.fixture
@@ -128,10 +150,10 @@ def test_two_ranks_make_the_nodes_cache_and_training_reads_it(tmp_path, comfy_ro
         for key, value in item_n["extras"].items():
             assert torch.equal(item_e["extras"][key], value) if torch.is_tensor(value) else item_e["extras"][key] == value
 
-    # a second run over the unchanged set (and the node's cache) encodes nothing and rewrites the same manifest
+    # a second run over the unchanged set (and the node's cache) encodes nothing and leaves every file as it is
     before, manifest = snapshot(cache_dir), (cache_dir / MANIFEST).read_bytes()
     out = run_cache(write_config(tmp_path, comfy_root, files, processes=2))
-    assert "5 item(s) reused, 0 linked from the previous cache, 0 encoded" in out
+    assert "5 item(s) reused, 0 copied from the previous cache, 0 encoded" in out
     assert snapshot(cache_dir) == before and (cache_dir / MANIFEST).read_bytes() == manifest
 
     run = run_to_end(make_config(tmp_path / "run", comfy_root, demo_base, str(cache_dir), steps=1, batch_size=1))
@@ -152,8 +174,49 @@ def test_one_process_runs_in_place_and_resumes_the_nodes_cache(tmp_path, comfy_r
     (Path(node.cache_dir) / "shards" / stored[2]).unlink()
     out = run_cache(write_config(tmp_path, comfy_root, files, processes=1))
     assert "6 item(s) on 1 rank(s)" in out
-    assert f"{5 - len(lost)} item(s) reused, 0 linked from the previous cache, {len(lost)} encoded" in out
+    assert f"{5 - len(lost)} item(s) reused, 0 copied from the previous cache, {len(lost)} encoded" in out
     assert (Path(node.cache_dir) / MANIFEST).read_bytes() == manifest
+
+
+@pytest.mark.slow
+def test_two_ranks_cache_clip_vision_as_the_node_does(tmp_path, comfy_root, files, encoders, clip_vision_file):
+    """clip_vision in the cache config: every rank loads the file with ComfyUI's CLIP-vision loader and
+    stores each item's encoding, the tensors the CacheLatents node stores with that model connected."""
+    import comfy.clip_vision
+    from PipeTrain.engine.image_io import load_image
+    from tools.tiny_assets import write_tiny_dataset
+
+    folder = tmp_path / "set"
+    write_tiny_dataset(str(folder), n=2, size=64, seed=5)
+    out = run_cache(write_config(tmp_path, comfy_root, files, processes=2, clip_vision=clip_vision_file,
+                                 clip_vision_crop="none"))
+    assert "2 item(s) on 2 rank(s)" in out and "0 copied from the previous cache, 2 encoded" in out  # one per rank
+    (cache_dir,) = (folder / CACHE_FOLDER).iterdir()
+    engine_copy = tmp_path / "engine-cache"
+    shutil.move(cache_dir, engine_copy)  # out of the way, so the node finds nothing to reuse
+
+    vision = comfy.clip_vision.load(clip_vision_file)  # what Load CLIP Vision gives the node
+    node = node_cache(folder, encoders, clip_vision=vision, clip_vision_crop="none")
+    # the same folder and manifest: the identity covers the vision model's weights and the crop setting
+    assert Path(node.cache_dir) == cache_dir and header(engine_copy) == header(cache_dir)
+    assert header(cache_dir)["encoders"]["clip_vision"]["crop"] is False
+    node_ds, engine_ds = CachedDataset(cache_dir), CachedDataset(engine_copy)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for i in range(len(node_ds)):
+            stored = engine_ds[i]["extras"]
+            for key in (PENULTIMATE, LAST):
+                assert torch.equal(stored[key], node_ds[i]["extras"][key]), f"item {i} {key}"
+            image = torch.from_numpy(load_image(str(folder / engine_ds[i]["source"]), (64, 64))).unsqueeze(0)
+            with torch.no_grad():
+                expected = vision.encode_image(image, crop=False)  # CLIPVisionEncode with crop "none"
+            torch.testing.assert_close(stored[PENULTIMATE], expected.penultimate_hidden_states[0])
+            torch.testing.assert_close(stored[LAST], expected.last_hidden_state[0])
+    finally:
+        torch.set_num_threads(threads)
+    assert engine_ds[0]["extras"][PENULTIMATE].shape == (257, 1024)  # ViT-L/14: class token + 16x16 patches
+    assert not torch.equal(engine_ds[0]["extras"][PENULTIMATE], engine_ds[1]["extras"][PENULTIMATE])
 
 
 def test_config_errors_name_the_setting_before_any_rank_starts(tmp_path, comfy_root, files, folder):
@@ -171,6 +234,10 @@ def test_config_errors_name_the_setting_before_any_rank_starts(tmp_path, comfy_r
     assert "unknown setting(s) in the cache config: procesess" in error(procesess=2)
     assert "no text encoder" in error(clip=[])
     assert "gpu_ids lists 1 GPUs but processes is 2" in error(gpu_ids="0")
+    missing_vision = error(clip_vision="missing.safetensors")
+    assert "clip_vision: the file" in missing_vision and "models/clip_vision" in missing_vision
+    assert "clip_vision_crop 'left'" in error(clip_vision=files["vae"], clip_vision_crop="left")
+    assert "clip_vision_crop is set but clip_vision is not" in error(clip_vision_crop="none")
     cfg = CacheConfig.from_dict(base, str(tmp_path))  # relative folders are read against the config's folder
     assert cfg.dataset.folders[0].path == str(folder) and cfg.clip == (files["clip"],)
     # a bare name is also looked up the way ComfyUI lists models: <models>/vae/<name>
@@ -178,6 +245,22 @@ def test_config_errors_name_the_setting_before_any_rank_starts(tmp_path, comfy_r
     shutil.copyfile(files["vae"], tmp_path / "models" / "vae" / "listed.safetensors")
     assert model_file("listed.safetensors", str(folder), str(tmp_path / "models"), MODEL_FOLDERS["vae"]) == \
         str(tmp_path / "models" / "vae" / "listed.safetensors")
+    # a CLIP-vision file by name from <comfyui_root>/models/clip_vision, as Load CLIP Vision lists it
+    fake_root = tmp_path / "ComfyUI"
+    (fake_root / "comfy").mkdir(parents=True)
+    shutil.copyfile(Path(comfy_root) / "comfy" / "sd.py", fake_root / "comfy" / "sd.py")
+    (fake_root / "models" / "clip_vision").mkdir(parents=True)
+    shutil.copyfile(files["vae"], fake_root / "models" / "clip_vision" / "vision.safetensors")
+    listed = CacheConfig.from_dict({**base, "comfyui_root": str(fake_root), "clip_vision": "vision.safetensors"},
+                                   str(tmp_path))
+    assert listed.clip_vision == str(fake_root / "models" / "clip_vision" / "vision.safetensors")
+    # a file that is no CLIP-vision model ComfyUI knows is refused by name when a rank loads it
+    from PipeTrain.engine.cache_run import load_clip_vision
+    from PipeTrain.engine.comfy_bootstrap import import_comfy
+
+    import_comfy(comfy_root)
+    with pytest.raises(ConfigError, match="clip_vision: .* is not a CLIP-vision model ComfyUI can load"):
+        load_clip_vision(listed)
 
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({**base, "clip": "missing-clip.safetensors"}))

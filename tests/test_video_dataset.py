@@ -8,30 +8,13 @@ import numpy as np
 import pytest
 import torch
 
+from media_writers import write_video
 from pack import load_pack
 
 load_pack()
 from PipeTrain.engine.cache_format import CacheError, CachedDataset  # noqa: E402
 from PipeTrain.engine.dataset import DatasetError, DatasetSpec, FolderSpec, validate  # noqa: E402
 from PipeTrain.engine.video_io import VideoReadError, load_video, probe_video  # noqa: E402
-
-
-def write_video(path: Path, frames: int, size=(64, 48), codec="ffv1", fps=24) -> Path:
-    """Frame i is flat grey 10*i (left half) and white (right half): frame order is checkable."""
-    import av
-
-    with av.open(str(path), "w") as out:
-        stream = out.add_stream(codec, rate=fps)
-        stream.width, stream.height = size
-        stream.pix_fmt = "yuv444p" if codec == "ffv1" else "yuv420p"
-        for i in range(frames):
-            arr = np.full((size[1], size[0], 3), 10 * i, np.uint8)
-            arr[:, size[0] // 2:] = 255
-            for packet in stream.encode(av.VideoFrame.from_ndarray(arr, format="rgb24")):
-                out.mux(packet)
-        for packet in stream.encode():
-            out.mux(packet)
-    return path
 
 
 def test_probe_and_stride_sampling(tmp_path):
