@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from .dataset import DatasetItem, DatasetSpec
 from .dataset_pairs import load_mask
-from .image_io import load_image
+from .image_io import ImageReadError, load_image
 from .video_io import load_video
 
 # Keys of the CLIP output dict that are not data: "hooks" carries ComfyUI's hook objects for
@@ -45,10 +45,16 @@ def reference_extras(vae, control_pixels) -> dict:
 
 
 def loss_mask_tensor(item, size, latent):
-    """The item's mask image as loss weights at the latent's size: [1, 1, (1,) h, w] (batch of 1)."""
+    """The item's mask image as loss weights at the latent's size: [1, 1, (1,) h, w] (batch of 1).
+    Raises ImageReadError (the cache leaves the item out and lists it) for a mask that cannot be
+    read, or that is black over the whole trained crop."""
     import torch
 
     weights = load_mask(item.mask.path, (item.width, item.height), size, tuple(latent.shape[-2:]))
+    if not weights.any():  # the sample would add nothing but cost (objective.py: black cells have no gradient)
+        raise ImageReadError(f"{item.mask.path} is black everywhere in the part of {item.path} that trains at "
+                             f"{size[0]}x{size[1]} (loss weight 0), so the image would train nothing and is left out: "
+                             "paint what should train white, or delete the mask to train it unmasked")
     return torch.from_numpy(weights).reshape((1,) * (latent.ndim - 2) + weights.shape)
 
 

@@ -31,16 +31,19 @@ from typing import Any
 
 from PIL import Image
 
-from .buckets import bucket_sizes, kept_fraction, nearest_bucket, upscale_factor
-from .dataset_folders import resolve_folder, unquote
+from .buckets import bucket_sizes, nearest_bucket
+from .dataset_folders import list_dataset_folder as _list_folder
+from .dataset_folders import (caption_lookalikes, media_subfolders, resolve_folder, subfolder_warnings,
+                              unlisted_media, unquote)
 from .dataset_messages import WARNINGS as _WARNINGS
 from .dataset_messages import EXAMPLES_SHOWN, DatasetError  # re-exported: callers import them from here
 from .dataset_messages import examples as _examples
 from .dataset_messages import no_images_message as _no_images_message
+from .dataset_messages import note_image
 from .dataset_pairs import PairedFile, Pairing, pair_signature
 from .image_io import (IMAGE_EXTENSIONS, PREPROCESS_VERSION, UNSUPPORTED_IMAGE_FORMATS, VIDEO_EXTENSIONS,  # noqa: F401
                        MAX_CAPTION_CHARS, FolderListing, ImageReadError, caption_name, list_folder, load_image,
-                       probe_image, read_caption)
+                       name_key, probe_image, read_caption)
 from .video_io import VideoReadError, needed_frames, probe_video
 
 DATASET_SPEC_VERSION = 1
@@ -248,17 +251,6 @@ class ScanResult:
     pair_counts: dict[str, int] = dataclasses.field(default_factory=dict)  # Pairing.counts; empty without folders
 
 
-def _list_folder(folder: str) -> FolderListing:
-    try:
-        return list_folder(folder)
-    except FileNotFoundError:
-        raise DatasetError(f"dataset folder {folder} does not exist: fix the path in LoadDataset's 'folders' "
-                           "(relative paths are looked up in ComfyUI's input folder).") from None
-    except OSError as e:
-        raise DatasetError(f"cannot list dataset folder {folder} ({e.strerror}): make it readable for the user "
-                           "running ComfyUI, or fix the path in LoadDataset's 'folders'.") from None
-
-
 def files_signature(spec: DatasetSpec) -> str:
     """Hash of names, sizes and mtimes of images and captions; no file is opened (for IS_CHANGED)."""
     h = hashlib.sha256(repr((spec.resolution, spec.caption_ext)).encode())
@@ -285,7 +277,7 @@ def scan_dataset(spec: DatasetSpec) -> ScanResult:
     report: dict[str, list[str]] = {kind: [] for kind, _ in _WARNINGS}
     unreadable: list[UnreadableFile] = []
     videos: list[str] = []
-    subfolder_warnings: list[str] = []
+    subfolder_notes: list[str] = []
     pairing = Pairing(spec.mask_folder, spec.control_folder, report)
     for folder in spec.folders:
         listing = _list_folder(folder.path)
@@ -296,6 +288,7 @@ def scan_dataset(spec: DatasetSpec) -> ScanResult:
                                   for n in listing.unsupported]
         report["hidden"] += [join(n) for n in listing.hidden]
         users: dict[str, list[str]] = {}  # caption name -> image names using it
+        lookalikes = caption_lookalikes(listing, spec.caption_ext)
         for name in listing.images + (listing.videos if spec.video_frames else []):
             path = join(name)
             try:
@@ -319,7 +312,7 @@ def scan_dataset(spec: DatasetSpec) -> ScanResult:
                                               info.height, frames))
             if item is None:  # its control image or mask is missing/unreadable: listed by the pairing
                 continue
-            _note_image(report, path, info, spec)
+            note_image(report, path, info, spec)
             cap_name = caption_name(listing, name, spec.caption_ext)
             caption = None
             if cap_name is not None:
@@ -329,10 +322,12 @@ def scan_dataset(spec: DatasetSpec) -> ScanResult:
                 caption, kind, example = read_caption(join(cap_name))
                 if kind:
                     report[kind].append(example)
-                if not caption and kind != "caption_unreadable":
+                if not caption and kind not in ("caption_unreadable", "caption_binary"):
                     report["empty_caption"].append(join(cap_name))
             else:
                 report["missing"].append(path)
+                if other := lookalikes.get(name_key(os.path.splitext(name)[0])):  # a.caption, a.tags: another tool's
+                    report["caption_other_ext"].append(f"{path} ({other})")
             items.append(dataclasses.replace(item, caption=caption))
         report["shared_caption"] += [f"{join(c)} <- {', '.join(names)}" for c, names in users.items() if len(names) > 1]
         # a caption no file of the folder claims (skipped files keep theirs): usually a naming mistake
@@ -341,7 +336,9 @@ def scan_dataset(spec: DatasetSpec) -> ScanResult:
         report["caption_unused"] += [join(n) for names in listing.by_casefold.values() for n in names
                                      if n.lower().endswith(spec.caption_ext.lower()) and not n.startswith(".")
                                      and n not in claimed]
-        subfolder_warnings += _subfolder_warnings(folder.path, listing, (spec.mask_folder, spec.control_folder))
+        listed = (spec.mask_folder, spec.control_folder, *(f.path for f in spec.folders))  # scanned or paired already
+        subfolder_notes += subfolder_warnings(folder.path, listing, listed)
+        report["unlisted"] += unlisted_media(folder.path, listing, spec.caption_ext)
     pairing.finish()
     report["unreadable"] = [u.reason for u in unreadable]
     report["videos"] = videos
@@ -352,42 +349,8 @@ def scan_dataset(spec: DatasetSpec) -> ScanResult:
                 for kind, template in _WARNINGS if report[kind]]
     missing = report["missing"]
     return ScanResult(tuple(items), MissingCaptions(len(missing), tuple(missing[:EXAMPLES_SHOWN])),
-                      tuple(unreadable), tuple(warnings + subfolder_warnings), tuple(videos),
+                      tuple(unreadable), tuple(warnings + subfolder_notes), tuple(videos),
                       {k: v for k, v in pairing.counts.items() if spec.mask_folder or spec.control_folder})
-
-
-def _note_image(report: dict[str, list[str]], path: str, info, spec: DatasetSpec) -> None:
-    w, h = info.width, info.height
-    if getattr(info, "animated", False):
-        report["animated"].append(path)
-    sizes = spec.sizes_for(w, h)
-    if upscale_factor(w, h, sizes[0]) > 1:  # sizes[0]: the main resolution
-        report["small"].append(f"{path} ({w}x{h})")
-    kept = kept_fraction(w, h, sizes[0])
-    if kept < 1 / 3:
-        into = f" into {sizes[0][0]}x{sizes[0][1]}" if spec.aspect_ratios else ""
-        report["aspect"].append(f"{path} ({w}x{h}{into}, {100 * kept:.1f}% of the picture kept)")
-    if getattr(info, "huge", False):
-        report["huge"].append(f"{path} ({w}x{h})")
-
-
-def _subfolder_warnings(folder: str, listing: FolderListing, pair_folders: tuple[str, ...] = ()) -> list[str]:
-    """Subfolders are not scanned; say so when one holds images, so nothing is dropped silently
-    (except the mask/control folders, which hold images on purpose)."""
-    out = []
-    skip = {os.path.normcase(os.path.realpath(p)) for p in pair_folders if p}
-    for name in listing.subfolders:
-        sub = os.path.join(folder, name)
-        if os.path.normcase(os.path.realpath(sub)) in skip:
-            continue
-        try:
-            has_media = bool(_list_folder(sub).images)
-        except DatasetError:
-            continue
-        if has_media:
-            out.append(f"subfolder {sub} holds images but subfolders are not scanned: add it as its own line "
-                       "in 'folders' if you want it.")
-    return out
 
 
 def validate(spec: DatasetSpec) -> ScanResult:
@@ -396,7 +359,9 @@ def validate(spec: DatasetSpec) -> ScanResult:
     for folder in spec.folders:
         listing = _list_folder(folder.path)
         if not listing.images and not (spec.video_frames and listing.videos):
-            raise DatasetError(_no_images_message(folder.path, listing))
+            pairs = (spec.mask_folder, spec.control_folder)
+            raise DatasetError(_no_images_message(folder.path, listing, media_subfolders(folder.path, listing, pairs),
+                                                  unlisted_media(folder.path, listing, spec.caption_ext)))
     result = scan_dataset(spec)
     if not result.items and (result.pair_counts.get("control_skipped") or result.pair_counts.get("mask_skipped")):
         raise DatasetError("no image of the dataset has a usable control image / mask, so there is nothing to train "

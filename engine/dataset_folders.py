@@ -1,4 +1,6 @@
-"""Typed folder names -> absolute folders: LoadDataset's 'folders' lines and its single-folder inputs.
+"""Typed folder names -> absolute folders (LoadDataset's 'folders' lines and its single-folder inputs),
+and listing a dataset folder with what the listing leaves out (subfolders, media without a known
+extension), so nothing is dropped without a word.
 
 Relative folders are resolved against a base folder (ComfyUI's input folder); `..` may leave it
 (absolute paths are allowed anyway). Surrounding quotes are removed, because "Copy as path" on
@@ -12,6 +14,8 @@ import re
 import sys
 
 from .dataset_messages import DatasetError
+from .file_kinds import media_kind, read_head
+from .image_io import FolderListing, list_folder, name_key
 
 _WINDOWS_PATH = re.compile(r"^([A-Za-z]:[\\/]|\\\\)")  # C:\data, C:/data, \\server\share
 
@@ -69,3 +73,81 @@ def resolve_extra_folder(typed: str, base_dir: str | None, setting: str) -> str:
         f" (relative paths are looked up in ComfyUI's input folder {base_dir})"
     what = "is a file, not a folder" if os.path.exists(path) else "does not exist"
     raise DatasetError(f"{setting} {path} {what}{where}: fix LoadDataset's '{setting}', or leave it empty.")
+
+
+# ---- listing a dataset folder ----------------------------------------------------------------
+
+def list_dataset_folder(folder: str) -> FolderListing:
+    try:
+        return list_folder(folder)
+    except FileNotFoundError:
+        raise DatasetError(f"dataset folder {folder} does not exist: fix the path in LoadDataset's 'folders' "
+                           "(relative paths are looked up in ComfyUI's input folder).") from None
+    except OSError as e:
+        raise DatasetError(f"cannot list dataset folder {folder} ({e.strerror}): make it readable for the user "
+                           "running ComfyUI, or fix the path in LoadDataset's 'folders'.") from None
+
+
+def media_subfolders(folder: str, listing: FolderListing, pair_folders: tuple[str, ...] = ()) -> list[str]:
+    """The subfolders that hold images, except `pair_folders` (the mask/control folders, which hold images
+    on purpose, and folders that are listed as dataset folders themselves)."""
+    out = []
+    skip = {os.path.normcase(os.path.realpath(p)) for p in pair_folders if p}
+    for name in listing.subfolders:
+        sub = os.path.join(folder, name)
+        if os.path.normcase(os.path.realpath(sub)) in skip:
+            continue
+        try:
+            if list_dataset_folder(sub).images:
+                out.append(sub)
+        except DatasetError:
+            continue
+    return out
+
+
+def subfolder_warnings(folder: str, listing: FolderListing, pair_folders: tuple[str, ...] = ()) -> list[str]:
+    """Subfolders are not scanned; say so when one holds images, so nothing is dropped silently."""
+    return [f"subfolder {sub} holds images but subfolders are not scanned: add it as its own line in 'folders' if "
+            "you want it." for sub in media_subfolders(folder, listing, pair_folders)]
+
+
+def folder_lines(subfolders: list[str]) -> str:
+    """'folders' lines for subfolders; kohya-style names (10_cat) keep their repeats as ' | repeats=10'."""
+    lines = []
+    for sub in subfolders[:3]:
+        m = re.match(r"^(\d+)_", os.path.basename(sub))
+        lines.append(sub + (f" | repeats={int(m.group(1))}" if m and int(m.group(1)) >= 1 else ""))
+    return "; ".join(lines) + (" ..." if len(subfolders) > 3 else "")
+
+
+_NOT_MEDIA = (".txt", ".caption", ".cap", ".tags", ".text", ".json", ".jsonl", ".csv", ".tsv", ".md", ".xml", ".yaml",
+              ".yml", ".toml", ".ini", ".db", ".log", ".npy", ".npz", ".pt", ".safetensors", ".py", ".html", ".pdf")
+
+
+def unlisted_media(folder: str, listing: FolderListing, caption_ext: str) -> list[str]:
+    """Files whose name has no image/video extension but whose first bytes are an image or video
+    ('photo', 'a.jpg_large', 'clip.apng'), each with the name that makes it count."""
+    out = []
+    for name in listing.other:
+        if name.lower().endswith(caption_ext.lower()) or os.path.splitext(name)[1].lower() in _NOT_MEDIA:
+            continue  # not opened: a folder of 100 000 sidecar files stays quick to scan
+        path = os.path.join(folder, name)
+        found = media_kind(read_head(path))
+        if found:
+            stem = name if name.count(".") == 0 else name.rsplit(".", 1)[0]
+            out.append(f"{path} ({found[0]}: rename it to {stem}{found[1]})")
+    return out
+
+
+_CAPTION_LIKE = (".txt", ".caption", ".cap", ".tags", ".text")  # what captioning tools write
+
+
+def caption_lookalikes(listing: FolderListing, caption_ext: str) -> dict[str, str]:
+    """Text files that look like another tool's captions (a.caption, a.tags...), by name_key of their
+    stem: an image without a caption_ext caption but with one of these is pointed out by the scan."""
+    out: dict[str, str] = {}
+    for name in listing.other:
+        stem, ext = os.path.splitext(name)
+        if ext.lower() in _CAPTION_LIKE and ext.lower() != caption_ext.lower():
+            out.setdefault(name_key(stem), name)
+    return out

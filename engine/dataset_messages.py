@@ -1,5 +1,6 @@
 """The dataset scan's messages: DatasetError, the grouped warnings (kind, template) in the order
-they are shown, and the error for a folder without usable images.
+they are shown, what one usable image adds to them (`note_image`), and the error for a folder
+without usable images.
 
 Templates take {n} (how many files), {examples} (the first few names) and the fill values
 engine/dataset.py passes ({ext}, {res}, {limit}, {need}). Each says what happened and the fix.
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import os
 
+from .buckets import kept_fraction, upscale_factor
 from .image_io import IMAGE_EXTENSIONS, UNSUPPORTED_IMAGE_FORMATS, FolderListing
 
 EXAMPLES_SHOWN = 5  # how many file names an error or warning lists before "... and N more"
@@ -24,14 +26,22 @@ WARNINGS = (
     ("short", "{n} video(s) are shorter than one clip ({need} frames for video_frames x frame_stride) and are "
               "skipped: lower video_frames or frame_stride, or remove them: {examples}"),
     ("unsupported", "{n} file(s) are in a format PipeTrain cannot read and are skipped: {examples}"),
+    ("unlisted", "{n} file(s) hold an image or a video but their name lacks a known extension, so they are "
+                 "skipped: rename them: {examples}"),
     ("hidden", "{n} hidden file(s) (names starting with '.') are skipped; rename them without the leading dot to "
                "train on them: {examples}"),
     ("missing", "{n} image(s) have no caption file ({ext}); they train with the empty caption: {examples}"),
     ("caption_unreadable", "{n} caption file(s) cannot be read; their images train with the empty caption: "
                            "{examples}"),
+    ("caption_binary", "{n} caption file(s) hold binary data, not text (a picture or document saved under the "
+                       "caption's name?); their images train with the empty caption: replace them with UTF-8 text "
+                       "files: {examples}"),
     ("caption_long", "{n} caption file(s) are longer than {max_caption} characters (a log or document saved under "
                      "an image's name?); only their first {max_caption} characters are used, which is far more than "
                      "any text encoder reads: shorten them: {examples}"),
+    ("caption_other_ext", "{n} image(s) have no {ext} caption but a text file with their name and another "
+                          "extension, which is not read: rename those to {ext} (the caption of a.png is a{ext}): "
+                          "{examples}"),
     ("empty_caption", "{n} caption file(s) are empty; their images train with the empty caption: {examples}"),
     ("not_utf8", "{n} caption file(s) are not UTF-8 and were read as Windows-1252/Latin-1; check that accents look "
                  "right, then save them as UTF-8: {examples}"),
@@ -88,7 +98,10 @@ def examples(names: list[str]) -> str:
     return shown + (f" ... and {more} more" if more > 0 else "")
 
 
-def no_images_message(folder: str, listing: FolderListing) -> str:
+def no_images_message(folder: str, listing: FolderListing, subfolders: list[str] = (),
+                      unlisted: list[str] = ()) -> str:
+    """Why `folder` trains nothing; `subfolders` hold images, `unlisted` are media named without an
+    image extension (engine/dataset_folders.py finds both)."""
     join = lambda names: examples([os.path.join(folder, n) for n in names])  # noqa: E731
     if listing.videos:
         return (f"dataset folder {folder} holds only videos ({len(listing.videos)}: {join(listing.videos)}), and "
@@ -101,5 +114,29 @@ def no_images_message(folder: str, listing: FolderListing) -> str:
     if listing.hidden:
         return (f"dataset folder {folder} has only hidden images (names starting with '.', which are skipped): "
                 f"{join(listing.hidden)}. Rename them without the leading dot.")
+    if unlisted:
+        return (f"dataset folder {folder} has no file with an image extension, but {len(unlisted)} file(s) hold "
+                f"images or videos: {examples(list(unlisted))}.")
+    if subfolders:
+        from .dataset_folders import folder_lines  # noqa: PLC0415 - dataset_folders imports this module
+        return (f"dataset folder {folder} has no images of its own, but {len(subfolders)} subfolder(s) do, and "
+                "subfolders are not scanned: list each one as its own line in LoadDataset's 'folders', e.g. "
+                f"{folder_lines(list(subfolders))}.")
     return (f"dataset folder {folder} has no images: add files with one of the extensions "
             f"{', '.join(IMAGE_EXTENSIONS)}, or remove the folder from 'folders'.")
+
+
+def note_image(report: dict[str, list[str]], path: str, info, spec) -> None:
+    """Add what the scan says about one usable image or video (`spec`: its DatasetSpec) to `report`."""
+    w, h = info.width, info.height
+    if getattr(info, "animated", False):
+        report["animated"].append(path)
+    sizes = spec.sizes_for(w, h)
+    if upscale_factor(w, h, sizes[0]) > 1:  # sizes[0]: the main resolution
+        report["small"].append(f"{path} ({w}x{h})")
+    kept = kept_fraction(w, h, sizes[0])
+    if kept < 1 / 3:
+        into = f" into {sizes[0][0]}x{sizes[0][1]}" if spec.aspect_ratios else ""
+        report["aspect"].append(f"{path} ({w}x{h}{into}, {100 * kept:.1f}% of the picture kept)")
+    if getattr(info, "huge", False):
+        report["huge"].append(f"{path} ({w}x{h})")

@@ -40,7 +40,7 @@ from PIL import Image, ImageOps
 
 from .dataset_messages import DatasetError
 from .image_io import (_HIGH_BIT_MODES, ImageReadError, _check_file, _high_bit_to_float, _resize_crop,
-                       describe_error, list_folder, name_key, probe_image)
+                       describe_error, list_folder, name_key, open_image, probe_image)
 
 # Bump when load_mask's output for the same file changes: it is part of the cache fingerprint.
 MASK_VERSION = 1
@@ -202,7 +202,8 @@ def load_mask(path: str, image_size: tuple[int, int], bucket: tuple[int, int],
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-            with Image.open(path) as im:
+            warnings.simplefilter("ignore", UserWarning)  # "Corrupt EXIF data": the orientation is kept as stored
+            with open_image(path) as im:
                 plane = _grey(im)
     except ImageReadError:
         raise

@@ -1,5 +1,5 @@
 """Dataset files on disk: a folder's entries by kind (`list_folder`), one image (`probe_image` reads
-headers only, `load_image` the pixels for the VAE) and a caption's text (`read_caption`).
+headers only, `load_image` the pixels for the VAE); a caption's text is engine/caption_io.py.
 
 Pure Pillow + numpy. Every failure becomes an ImageReadError whose message names the file, says
 what is wrong with it in plain words and what to do, because the user meets these messages in
@@ -8,7 +8,8 @@ ComfyUI's console or error box, far from any traceback.
 Policies (the dataset scan reports every image they touch, so nothing happens silently):
 - Alpha is composited over WHITE. Cut-outs and logos are drawn to be seen on a light page;
   dropping alpha instead keeps whatever colour the hidden pixels have (often black fringes).
-- Animated GIF/WebP/PNG: the first frame is trained, like a still image.
+- Animated GIF/WebP/PNG: the first frame is trained, like a still image. MPO (a phone photo
+  with a depth map or gain map stored after it) is a still: its main picture is the first.
 - EXIF orientation is applied (phone photos store rotation in EXIF, not in pixels).
 - Non-square: the centered square is cut out, then resized to resolution x resolution. Cropping
   first (as a resize box) keeps a 4000x16 strip from becoming a 128000x512 intermediate.
@@ -22,7 +23,6 @@ Policies (the dataset scan reports every image they touch, so nothing happens si
 """
 from __future__ import annotations
 
-import codecs
 import os
 import re
 import stat
@@ -33,11 +33,16 @@ from dataclasses import dataclass, field
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError, features
 
+# re-exported: callers import the caption reader from here
+from .caption_io import MAX_CAPTION_CHARS, decode_caption, read_caption  # noqa: F401
+from .png_chunks import png_has_exif
+
 # Bump whenever load_image's output for the same file changes (resize filter, alpha policy...):
 # it is part of the cache fingerprint, so old latents are not silently reused.
 # 2: the center square is cut before resizing (resize box), not after.
 # 3: videos with rotation metadata are turned upright (engine/video_io.py); captions cut, NULs removed.
-PREPROCESS_VERSION = 3
+# 4: transparent video frames are composited over white, like images.
+PREPROCESS_VERSION = 4
 _AVIF = bool(features.check("avif"))
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".jfif", ".webp", ".bmp", ".tif", ".tiff", ".gif") + \
     ((".avif",) if _AVIF else ())
@@ -52,6 +57,7 @@ UNSUPPORTED_IMAGE_FORMATS = {
     ".heif": f"HEIF needs a plugin this Pillow does not have: {_CONVERT}",
     ".jxl": f"JPEG XL is not supported by this Pillow: {_CONVERT}",
     ".psd": "Photoshop files are not read: export a flattened PNG",
+    ".eps": "EPS/PostScript drawings are not read: export it as PNG at the training size or larger",
     ".exr": "OpenEXR (HDR) is not read: tone-map it and save as PNG",
     ".hdr": "Radiance HDR is not read: tone-map it and save as PNG",
     ".dng": f"camera RAW files are not read: develop and {_CONVERT}",
@@ -66,12 +72,8 @@ UNSUPPORTED_IMAGE_FORMATS = {
 }
 _HIGH_BIT_MODES = ("I;16", "I;16L", "I;16B", "I;16N", "I", "F")  # all single-channel in Pillow
 _ROTATED_ORIENTATIONS = (5, 6, 7, 8)  # EXIF orientations that swap width and height
+_NEVER_OPEN = ("EPS",)  # Pillow formats not opened (open_image says why)
 _JPEG_TAIL = 64 * 1024  # a whole JPEG ends with FFD9 (end of image); metadata trailers may follow
-# Caption files are read up to this many bytes and their text cut to MAX_CAPTION_CHARS: text encoders
-# use a few hundred tokens at most, and a log or a book saved under an image's name would otherwise
-# be tokenized whole (a 1 MB caption took minutes and 10 GB of memory in CacheLatents).
-MAX_CAPTION_CHARS = 20_000
-_CAPTION_READ_BYTES = 4 * MAX_CAPTION_CHARS + 4
 
 
 class ImageReadError(ValueError):
@@ -117,6 +119,8 @@ def _sniff(path: str) -> str | None:
         return "an SVG drawing"
     if head.startswith(b"%PDF"):
         return "a PDF document"
+    if head.startswith((b"%!PS", b"\xc5\xd0\xd3\xc6")):
+        return "a PostScript/EPS drawing"
     return None
 
 
@@ -179,10 +183,31 @@ def _check_file(path: str) -> None:
 
 
 def _jpeg_complete(path: str) -> bool:
+    """Whether the tail holds an end marker (FFD9) after the last start of scan (FFDA): in a small
+    file cut off mid-picture the tail also holds the EXIF thumbnail's end marker, before the scan."""
     with open(path, "rb") as f:
         f.seek(0, os.SEEK_END)
         f.seek(max(0, f.tell() - _JPEG_TAIL))
-        return b"\xff\xd9" in f.read()
+        tail = f.read()
+    return tail.rfind(b"\xff\xd9") > max(-1, tail.rfind(b"\xff\xda"))
+
+
+def open_image(path: str) -> Image.Image:
+    """Image.open for dataset files, without Pillow's EPS reader: it runs Ghostscript (an external
+    program) on the file, which a training dataset never needs; such files are described instead."""
+    Image.init()  # every plugin registered, so Image.ID lists them all
+    return Image.open(path, formats=[f for f in Image.ID if f not in _NEVER_OPEN])
+
+
+def _displayed_size(im: Image.Image) -> tuple[int, int]:
+    """(width, height) as load_image shows it: EXIF orientations 5-8 swap the sides."""
+    if im.format == "PNG" and "exif" not in im.info and not png_has_exif(im.filename):
+        return (im.width, im.height)  # no EXIF: getexif() would decode every pixel to look for it
+    try:
+        turned = im.getexif().get(0x0112) in _ROTATED_ORIENTATIONS
+    except Exception:  # noqa: BLE001 - damaged EXIF: load_image keeps the stored orientation too
+        turned = False
+    return (im.height, im.width) if turned else (im.width, im.height)
 
 
 def probe_image(path: str) -> ImageInfo:
@@ -196,24 +221,22 @@ def probe_image(path: str) -> ImageInfo:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", Image.DecompressionBombWarning)
         try:
-            with Image.open(path) as im:
-                width, height, mode, fmt = im.width, im.height, im.mode, im.format or "?"
-                animated = bool(getattr(im, "is_animated", False))
-                try:
-                    if im.getexif().get(0x0112) in _ROTATED_ORIENTATIONS:
-                        width, height = height, width
-                except Exception:  # damaged EXIF: load_image keeps the stored orientation too
-                    pass
-            with Image.open(path) as im:  # verify() leaves the image unusable: open it again
+            with open_image(path) as im:
+                mode, fmt = im.mode, im.format or "?"
+                # MPO: a phone photo with extra pictures (depth map, HDR gain map), not an animation
+                animated = bool(getattr(im, "is_animated", False)) and fmt != "MPO"
+                width, height = _displayed_size(im)
+            with open_image(path) as im:  # verify() leaves the image unusable: open it again
                 im.verify()
             if fmt in ("JPEG", "MPO"):
                 if not _jpeg_complete(path):
-                    with Image.open(path) as im:
+                    with open_image(path) as im:
                         im.draft("RGB", (max(1, im.width // 8), max(1, im.height // 8)))
                         im.load()
             elif fmt != "PNG":
-                with Image.open(path) as im:
+                with open_image(path) as im:
                     im.load()
+                    width, height = _displayed_size(im)  # TIFF: Pillow turns it upright while loading
         except ImageReadError:
             raise
         except Exception as e:  # Pillow raises many types (OSError, SyntaxError, ValueError, struct.error...)
@@ -232,6 +255,7 @@ class FolderListing:
     unsupported: list[str] = field(default_factory=list)
     hidden: list[str] = field(default_factory=list)  # hidden images/videos (macOS '._' companions excluded)
     subfolders: list[str] = field(default_factory=list)
+    other: list[str] = field(default_factory=list)  # any other name (captions, notes, 'photo', 'a.jpg_large'...)
     by_casefold: dict[str, list[str]] = field(default_factory=dict)  # every name by name_key, for caption lookup
 
 
@@ -254,6 +278,8 @@ def list_folder(folder: str) -> FolderListing:
             out.unsupported.append(name)
         elif os.path.isdir(os.path.join(folder, name)):
             out.subfolders.append(name)
+        else:
+            out.other.append(name)
     return out
 
 
@@ -286,7 +312,8 @@ def load_image(path: str, resolution: int | tuple[int, int]) -> np.ndarray:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)  # the scan already reported it
-            with Image.open(path) as im:
+            warnings.simplefilter("ignore", UserWarning)  # "Corrupt EXIF data": the orientation is kept as stored
+            with open_image(path) as im:
                 return _decode(im, resolution)
     except ImageReadError as e:  # raised by _decode, which does not know the path
         raise ImageReadError(f"{path} {e}") from None
@@ -355,50 +382,3 @@ def _resize_crop(im: Image.Image, size: tuple[int, int]) -> Image.Image:
     # The box selects the center part in source pixels; the filter still reads the pixels just
     # outside it, so the result matches resizing the whole image and cropping afterwards.
     return im.resize((tw, th), Image.Resampling.LANCZOS, box=(left, top, left + cw, top + ch))
-
-
-# ---- captions ------------------------------------------------------------------------------
-
-_BOMS = ((codecs.BOM_UTF32_LE, "utf-32"), (codecs.BOM_UTF32_BE, "utf-32"), (codecs.BOM_UTF8, "utf-8-sig"),
-         (codecs.BOM_UTF16_LE, "utf-16"), (codecs.BOM_UTF16_BE, "utf-16"))  # UTF-32 LE first: it starts like UTF-16 LE
-
-
-def decode_caption(raw: bytes) -> tuple[str, str | None]:
-    """Caption text from a file's bytes, and the warning kind when a guess was needed.
-
-    UTF-8 (with or without BOM) and UTF-16/32 with BOM (Notepad's "Unicode") are read silently.
-    UTF-16 without BOM is recognised by its zero bytes; anything else that is not UTF-8 is read
-    as Windows-1252, the usual legacy encoding, so 'café' survives instead of being dropped.
-    """
-    for bom, encoding in _BOMS:
-        if raw.startswith(bom):
-            return raw.decode(encoding, errors="replace").strip(), None
-    half = len(raw) // 2
-    if raw and len(raw) % 2 == 0 and max(raw[1::2].count(0), raw[::2].count(0)) >= 0.75 * half:
-        # mostly-Latin UTF-16: one byte of (nearly) every pair is zero; a stray NUL in UTF-8 text is not that
-        odd_zeros = raw[1::2].count(0) >= raw[::2].count(0)
-        return raw.decode("utf-16-le" if odd_zeros else "utf-16-be", errors="replace").strip(), "utf16_no_bom"
-    try:
-        return raw.decode("utf-8").strip(), None
-    except UnicodeDecodeError:
-        pass
-    try:
-        return raw.decode("cp1252").strip(), "not_utf8"
-    except UnicodeDecodeError:  # the five bytes cp1252 leaves undefined
-        return raw.decode("latin-1").strip(), "not_utf8"
-
-
-def read_caption(path: str) -> tuple[str, str | None, str]:
-    """A caption file's text, the warning kind when something was off, and the example to list."""
-    try:
-        with open(path, "rb") as f:
-            raw = f.read(_CAPTION_READ_BYTES)
-    except IsADirectoryError:
-        return "", "caption_unreadable", f"{path} is a folder, not a text file: rename or remove it"
-    except OSError as e:
-        return "", "caption_unreadable", f"{path} ({e.strerror}): make it a readable UTF-8 text file"
-    text, kind = decode_caption(raw)
-    text = text.replace("\x00", "")  # NUL bytes: never meant as text, and tokenizers choke on them
-    if len(text) > MAX_CAPTION_CHARS or len(raw) == _CAPTION_READ_BYTES:
-        return text[:MAX_CAPTION_CHARS], "caption_long", f"{path} ({text[:40]!r}...)"
-    return text, kind, f"{path} ({text[:40]!r})"

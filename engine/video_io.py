@@ -11,6 +11,9 @@ Rotation: phones store portrait videos as landscape frames plus a display rotati
 container's display matrix); it is applied, like EXIF orientation for images, so the clip trains
 upright and `probe_video` reports the size as displayed.
 
+Transparency (ProRes 4444, PNG or QuickTime Animation in MOV) is composited over white, as for
+images, rather than keeping whatever colour the hidden pixels have.
+
 Every failure is a VideoReadError whose message names the file and says what to do.
 """
 from __future__ import annotations
@@ -20,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image
 
-from .image_io import _check_file, _resize_crop
+from .image_io import _check_file, _resize_crop, _sniff, _to_rgb8
 
 # FFmpeg demuxers that read single pictures: a video-named file that one of them opens is an image
 _IMAGE_DEMUXERS = ("image2", "png_pipe", "jpeg_pipe", "webp_pipe", "bmp_pipe", "tiff_pipe")
@@ -45,6 +48,9 @@ def needed_frames(frames: int, stride: int) -> int:
 
 
 def _fail(path: str, exc: BaseException) -> VideoReadError:
+    what = _sniff(path)
+    if what and "video" not in what:  # a web page or document saved under a video's name
+        return VideoReadError(f"{path} is really {what}, not a video: replace it with the video, or remove it")
     text = str(exc) or type(exc).__name__
     return VideoReadError(f"{path} cannot be decoded as a video ({text}): it is damaged, cut off or in a codec this "
                           "FFmpeg lacks; re-encode it as H.264 MP4 (e.g. ffmpeg -i in.mov -c:v libx264 out.mp4) or "
@@ -69,6 +75,14 @@ def _rotation(frame) -> int:
         return 0
 
 
+def _picture(frame) -> Image.Image:
+    """A decoded frame as 8-bit RGB; transparency (ProRes 4444, PNG-in-MOV...) composited over white
+    as for images (engine/image_io.py), instead of keeping the hidden pixels' colour."""
+    if any(c.is_alpha for c in frame.format.components):
+        return _to_rgb8(Image.fromarray(frame.to_ndarray(format="rgba"), mode="RGBA"))
+    return frame.to_image().convert("RGB")
+
+
 def probe_video(path: str) -> VideoInfo:
     """Size and frame count. The frames are counted by demuxing packets (no decoding), since
     container headers often omit or misstate the count."""
@@ -90,7 +104,10 @@ def probe_video(path: str) -> VideoInfo:
             stream = container.streams.video[0]
             width, height = stream.codec_context.width, stream.codec_context.height
             fps = float(stream.average_rate or stream.guessed_rate or 0)
-            first = next(container.decode(stream), None)  # decodes at all? and its display rotation
+            try:
+                first = next(container.decode(stream), None)  # decodes at all? and its display rotation
+            except av.error.EOFError:  # a header without a single frame
+                first = None
             if first is not None and _rotation(first) in (90, -90, 270):
                 width, height = height, width
         with av.open(path) as container:
@@ -114,7 +131,7 @@ def load_video(path: str, size: tuple[int, int], frames: int, stride: int = 1) -
         with av.open(path) as container:
             for i, frame in enumerate(container.decode(video=0)):
                 if i in wanted:
-                    picture = frame.to_image().convert("RGB")
+                    picture = _picture(frame)
                     turn = _TRANSPOSE.get(_rotation(frame))
                     if turn is not None:
                         picture = picture.transpose(turn)
