@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .config_checks import ConfigError, check_optimizer_settings, gpu_count, split_points
+from .config_checks import ConfigError, check_optimizer_settings, check_run_name, gpu_count, split_points
 from .config_checks import check as _check
 from .config_choices import (BACKENDS, BASE_DTYPES, CHECKPOINTING, HOST_RE, LORA_DTYPES, LORA_TARGET_PRESETS,
                              OPTIMIZER_LR_RANGES, OPTIMIZER_NOTES, OPTIMIZERS, RUN_NAME_RE, SCHEDULERS,
@@ -56,8 +56,7 @@ class RunConfig:
         _check(self.version == CONFIG_VERSION,
                f"run.json has version {self.version}, this PipeTrain reads version {CONFIG_VERSION}: "
                "re-create the run from the TrainPipeline node.")
-        _check(bool(RUN_NAME_RE.match(self.run_name)),
-               f"run_name {self.run_name!r}: use letters, digits, '_', '-' or '.', starting with a letter or digit.")
+        check_run_name(self.run_name)
         _check(os.path.isfile(self.model_path), f"model file {self.model_path} does not exist: pick a file ComfyUI lists.")
         _check(os.path.isfile(os.path.join(self.comfyui_root, "comfy", "sd.py")),
                f"comfyui_root {self.comfyui_root} is not a ComfyUI folder (no comfy/sd.py).")

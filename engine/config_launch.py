@@ -82,8 +82,12 @@ class LaunchSpec:
         if self.gpu_ids:
             check(re.fullmatch(r"\d+(,\d+)*", self.gpu_ids) is not None,
                   f"gpu_ids {self.gpu_ids!r} is not a comma-separated list of GPU numbers like '0,1'.")
-            n = len(self.gpu_ids.split(","))
-            check(n == self.num_gpus, f"gpu_ids lists {n} GPUs but num_gpus is {self.num_gpus}: make them agree.")
+            ids = self.gpu_ids.split(",")
+            twice = sorted({i for i in ids if ids.count(i) > 1}, key=int)
+            check(not twice, f"gpu_ids {self.gpu_ids!r} lists GPU {', '.join(twice)} more than once: list each GPU "
+                  "once (one training process per GPU).")
+            check(len(ids) == self.num_gpus, f"gpu_ids lists {len(ids)} GPUs but num_gpus is {self.num_gpus}: "
+                  "make them agree.")
 
     def device_ids(self) -> list[int]:
         return [int(i) for i in self.gpu_ids.split(",")] if self.gpu_ids else list(range(self.num_gpus))

@@ -113,6 +113,9 @@ class TrainSpec:
         check(self.grad_clip >= 0, f"train.grad_clip is {self.grad_clip}: use 0 (off) or a positive number like 1.0.")
         check(self.scheduler in SCHEDULERS, f"train.scheduler is {self.scheduler!r}: choose one of {', '.join(SCHEDULERS)}.")
         check(self.warmup_steps >= 0, f"train.warmup_steps is {self.warmup_steps}: use 0 or more.")
+        check(self.steps == 0 or self.warmup_steps <= self.steps,
+              f"train.warmup_steps {self.warmup_steps} is more than steps {self.steps}: the learning rate would "
+              "never reach learning_rate. Use fewer warmup steps (about 5-10% of steps), or more steps.")
         check(self.batch_size >= 1, f"train.batch_size is {self.batch_size}: use 1 or more.")
         check(self.grad_accum >= 1, f"train.grad_accum is {self.grad_accum}: use 1 or more.")
         check(self.save_every >= 0 and self.checkpoint_every >= 0, "save_every and checkpoint_every must be 0 or more.")
@@ -147,6 +150,9 @@ class SampleSpec:
               "re-queue TrainPipeline with sample prompts (it writes the file), or set sample.every to 0.")
         check(16 <= self.width <= 8192 and 16 <= self.height <= 8192,
               f"sample size {self.width}x{self.height}: use a width and height between 16 and 8192.")
+        check(self.width % 8 == 0 and self.height % 8 == 0,
+              f"sample size {self.width}x{self.height} is not a multiple of 8 (latents are 1/8 of the image or "
+              f"less, the rest would be cut off): use e.g. {self.width // 8 * 8 or 8}x{self.height // 8 * 8 or 8}.")
         check(1 <= self.steps <= 1000, f"sample.steps is {self.steps}: use 1 to 1000 (20 is typical).")
         check(0.0 <= self.cfg <= 100.0, f"sample.cfg is {self.cfg}: use a value in [0, 100] (1 = no guidance).")
         check(self.seed >= 0, f"sample.seed is {self.seed}: use 0 or a positive number.")

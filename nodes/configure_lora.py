@@ -52,4 +52,23 @@ class PipeTrainConfigureLoRA:
         spec = LoraSpec(rank=rank, alpha=float(alpha), dropout=float(dropout), targets=targets,
                         target_regex=target_regex.strip(), init_from=init_from, dtype=lora_dtype)
         spec.validate()
+        if init_from:
+            check_start_rank(init_from, start_from, spec.rank)
         return (spec,)
+
+
+def check_start_rank(path: str, name: str, rank: int) -> None:
+    """A LoRA to continue must have the rank set here (read from its header; its down/A weights are
+    rank x in). Files whose layout is not recognised are left to the engine's check."""
+    try:
+        from safetensors import safe_open
+
+        with safe_open(path, framework="pt", device="cpu") as f:
+            ranks = {f.get_slice(k).get_shape()[0] for k in f.keys()
+                     if k.endswith((".lora_A.weight", ".lora_down.weight", ".lora.down.weight"))}
+    except Exception:  # noqa: BLE001 - an unreadable file is reported by the engine with its path
+        return
+    if len(ranks) == 1 and rank not in ranks:
+        (found,) = ranks
+        raise ConfigError(f"start_from LoRA {name!r} has rank {found} but rank is {rank}: set rank to {found} to "
+                          "continue it, or start from 'none'.")

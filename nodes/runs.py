@@ -5,11 +5,13 @@ continues an existing folder that holds a checkpoint.
 """
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from ..engine.config import RUN_NAME_RE, ConfigError
+from ..engine.config import ConfigError
+from ..engine.config_checks import MAX_NAME_CHARS, check_run_name
 
 RESUME_OFF = "off"
 RESUME_LATEST = "latest"
@@ -47,10 +49,10 @@ def resumable_runs(output_dir: str) -> list[str]:
 
 
 def new_run_dir(output_dir: str, run_name: str) -> Path:
-    """A fresh folder for run_name; run_name_2, run_name_3, ... if it is taken."""
-    if not RUN_NAME_RE.match(run_name):
-        raise ConfigError(f"run_name {run_name!r}: use letters, digits, '_', '-' or '.', starting with a letter "
-                          "or digit (no slashes, no '..').")
+    """A fresh folder for run_name; run_name_2, run_name_3, ... if it is taken (an existing run's
+    files are never touched). mkdir is atomic, so two ComfyUIs sharing the output folder cannot both
+    get the same folder."""
+    check_run_name(run_name)
     root = runs_root(output_dir)
     root.mkdir(parents=True, exist_ok=True)
     candidate, n = root / run_name, 1
@@ -60,8 +62,8 @@ def new_run_dir(output_dir: str, run_name: str) -> Path:
             return candidate
         except FileExistsError:
             n += 1
-            base = re.sub(r"_\d+$", "", run_name)
-            candidate = root / f"{base}_{n}"
+            suffix = f"_{n}"
+            candidate = root / (run_name[: MAX_NAME_CHARS - len(suffix)] + suffix)  # stays a valid run_name
 
 
 def resume_run_dir(output_dir: str, resume: str) -> Path:
@@ -75,6 +77,38 @@ def resume_run_dir(output_dir: str, resume: str) -> Path:
         raise ConfigError(f"resume: run {resume!r} has no checkpoint in {runs_root(output_dir)}; pick one of "
                           f"{runs[:10] or 'none (set resume to off)'}.")
     return runs_root(output_dir) / resume
+
+
+def checkpoint_step(run_dir: str | Path) -> int | None:
+    """The step of a run's newest checkpoint (`checkpoints/latest` names its tag, e.g. step000120)."""
+    try:
+        tag = (Path(run_dir) / "checkpoints" / "latest").read_text(encoding="utf-8").strip()
+    except OSError:
+        return None
+    found = re.fullmatch(r"step(\d+)", tag)
+    return int(found.group(1)) if found else None
+
+
+def check_resume(run_dir: Path, steps: int, model_path: str, lora) -> None:
+    """Before a resumed run's run.json is replaced: refuse what the checkpoint cannot continue."""
+    done = checkpoint_step(run_dir)
+    if done is not None and 0 < steps <= done:
+        raise ConfigError(f"resume: run {run_dir.name!r} is already at step {done} and steps is {steps}, so there "
+                          f"is nothing left to train: raise steps above {done} to train further (steps counts "
+                          "the total), or set resume to 'off' for a new run.")
+    try:
+        old = json.loads((run_dir / "run.json").read_text(encoding="utf-8"))
+        old_model, old_lora = Path(old["model_path"]).name, old["lora"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return  # the engine compares the checkpoint's own record of model and LoRA
+    changed = [f"model {old_model} -> {Path(model_path).name}"] if old_model != Path(model_path).name else []
+    for key in ("rank", "targets", "target_regex"):
+        if old_lora.get(key) != getattr(lora, key):
+            changed.append(f"lora {key} {old_lora.get(key)!r} -> {getattr(lora, key)!r}")
+    if changed:
+        raise ConfigError(f"resume: run {run_dir.name!r} was trained with other settings ({'; '.join(changed)}); "
+                          "its checkpoint only continues with the same model and LoRA layout. Restore them, or set "
+                          "resume to 'off' for a new run.")
 
 
 def summary_text(result: RunResult) -> str:

@@ -6,6 +6,7 @@ import os
 from pathlib import Path, PurePosixPath
 
 from ..engine.config import ConfigError
+from ..engine.config_checks import portable_name_problem
 from ..engine.version import __version__
 from . import compat
 from .types import RUN
@@ -14,18 +15,29 @@ SUBFOLDER = "pipetrain"
 
 
 def safe_lora_target(loras_root: str, name: str) -> Path:
-    """models/loras/pipetrain/<name>.safetensors, refusing names that would leave that folder."""
+    """models/loras/pipetrain/<name>.safetensors, refusing names that would leave that folder or that
+    some OS cannot store (ComfyUI and its model folders are often shared between Linux and Windows)."""
     clean = name.strip().replace("\\", "/")
     if clean.lower().endswith(".safetensors"):
         clean = clean[: -len(".safetensors")]
+    if not clean.strip("/"):
+        raise ConfigError(f"LoRA name {name!r} is not allowed: it is empty. Give a name like 'my_style' "
+                          "('.safetensors' is added).")
     parts = PurePosixPath(clean).parts
-    if not clean or clean.startswith("/") or ":" in clean or any(p in ("..", ".") for p in parts):
+    if clean.startswith("/") or ":" in clean or any(p in ("..", ".") for p in parts):
         raise ConfigError(f"LoRA name {name!r} is not allowed: use a plain name like 'my_style' (sub-folders "
                           "such as 'people/anna' are fine; no '..', drive letters or absolute paths).")
+    for part in parts:
+        problem = portable_name_problem(part)
+        if problem:
+            raise ConfigError(f"LoRA name {name!r} is not allowed: {part!r} {problem}. Use a plain name like "
+                              "'my_style' (letters, digits, '_', '-', sub-folders with '/').")
     base = (Path(loras_root) / SUBFOLDER).resolve()
     target = base.joinpath(*parts).with_name(parts[-1] + ".safetensors").resolve()
     if base not in target.parents:
         raise ConfigError(f"LoRA name {name!r} would be written outside models/loras/{SUBFOLDER}: pick a plain name.")
+    if target.is_dir():
+        raise ConfigError(f"LoRA name {name!r}: {target} is a folder: pick another name.")
     return target
 
 

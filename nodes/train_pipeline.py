@@ -19,7 +19,9 @@ from ..engine.events import EventTail
 from ..engine.sampling import unsupported_reason
 from . import compat, ui_feed
 from .cluster import announce_other_nodes, cluster_input, launch_cluster
-from .runs import RESUME_LATEST, RESUME_OFF, RunResult, new_run_dir, resumable_runs, resume_run_dir, summary_text
+from .preflight import check_batch, check_devices, check_model, check_sample_size
+from .runs import (RESUME_LATEST, RESUME_OFF, RunResult, check_resume, new_run_dir, resumable_runs, resume_run_dir,
+                   summary_text)
 from .train_samples import SampleDecoder, parse_prompts, sample_spec, write_prompt_file
 from .types import CACHE, LORA, MEMORY, RUN
 
@@ -127,18 +129,13 @@ class PipeTrainTrainPipeline:
                           min_t=float(min_t), max_t=float(max_t))
         launch = LaunchSpec(num_gpus=num_gpus, gpu_ids=gpu_ids.strip().replace(" ", ""),
                             backend=launcher.resolve_backend(backend), cluster=launch_cluster(cluster))
-        cuda = compat.cuda_available()
-        if cuda:
-            import torch
-
-            visible = torch.cuda.device_count()
-            bad = [i for i in launch.device_ids() if i >= visible]
-            if bad:
-                raise ConfigError(f"GPU(s) {bad} requested but this machine shows {visible} GPU(s): lower num_gpus "
-                                  "or fix gpu_ids.")
         train.validate()
-        launch.validate()
+        launch.validate()  # before device_ids(): gpu_ids must parse first
+        cuda = check_devices(launch)
+        check_batch(batch_size, cache)
         evaluation = eval_spec(eval_cache, cache, eval_every, eval_before_start)
+        found = check_model(model_name, model_path, lora, {"cache": cache, "eval_cache": eval_cache},
+                            train.timestep_shift)
         prompts = parse_prompts(sample_prompts)
         notice = unsupported_reason(memory.pipeline_stages) if prompts else ""
         samples = None if notice else sample_spec(prompts, clip, vae, sample_every, sample_width, sample_height,
@@ -146,13 +143,18 @@ class PipeTrainTrainPipeline:
                                                   sample_scheduler)
         if notice:
             compat.log.warning("[PipeTrain] %s", notice)
+        check_sample_size(samples, found, model_name)
 
         cfg = RunConfig(run_name=run_name.strip(), run_dir="", comfyui_root=compat.comfyui_root(),
                         model_path=model_path, cache_dir=cache.cache_dir, lora=lora, memory=memory, train=train,
                         launch=launch, eval=evaluation, resume=resume != RESUME_OFF)
         RunConfig.from_dict(cfg.to_dict())  # the engine's own validation, before any folder is made
         output = compat.output_directory()
-        run_dir = new_run_dir(output, cfg.run_name) if resume == RESUME_OFF else resume_run_dir(output, resume)
+        if resume == RESUME_OFF:
+            run_dir = new_run_dir(output, cfg.run_name)
+        else:
+            run_dir = resume_run_dir(output, resume)
+            check_resume(run_dir, train.steps, model_path, lora)
         cfg = dataclasses.replace(cfg, run_name=run_dir.name, run_dir=str(run_dir))
         if samples is not None:  # encoded with the graph's CLIP now; the engine never loads a text encoder
             samples = dataclasses.replace(samples, prompts_file=write_prompt_file(str(run_dir), prompts,

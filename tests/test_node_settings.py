@@ -1,0 +1,235 @@
+"""Odd node settings are refused before any training process starts, with a message that names the
+setting and the fix: run and LoRA names, GPUs, samples, resume, and the model file against the cache
+and the LoRA (checked on the file's header with ComfyUI's own detection)."""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from PipeTrain.engine.cache_format import CacheSpec
+from PipeTrain.engine.config import ConfigError, LaunchSpec, LoraSpec, SampleSpec
+from PipeTrain.engine.config_checks import check_run_name
+from PipeTrain.nodes import preflight
+from PipeTrain.nodes.runs import check_resume, new_run_dir
+from PipeTrain.nodes.save_lora import safe_lora_target
+from tools.comfy_server import ComfyError
+from tools.demo import demo_prompt
+
+
+@pytest.mark.parametrize("name,needle", [
+    ("", "run_name is empty"), ("   ", "run_name is empty"), ("a/b", "'/'"), ("..", "names a folder"),
+    ("c:x", "':'"), ("run\U0001F600", "ASCII letters"), ("a" * 150, "150 characters long"),
+    ("CON", "device name Windows reserves"), ("nul.txt", "starts with 'NUL', a device name"), ("run.", "ends with a dot"),
+])
+def test_run_names_that_cannot_be_a_folder_everywhere_are_refused(name, needle):
+    with pytest.raises(ConfigError, match="run_name") as err:
+        check_run_name(name)
+    assert needle in str(err.value)
+
+
+def test_a_taken_run_name_never_touches_the_old_run(tmp_path):
+    first = new_run_dir(str(tmp_path), "lora_2024")
+    (first / "run.json").write_text("old")
+    again = new_run_dir(str(tmp_path), "lora_2024")
+    assert again.name == "lora_2024_2" and (first / "run.json").read_text() == "old"
+    long = "b" * 100
+    new_run_dir(str(tmp_path), long)
+    taken = new_run_dir(str(tmp_path), long)
+    assert taken.name == "b" * 98 + "_2"
+    check_run_name(taken.name)  # the engine re-validates run.json's run_name: the suffix must keep it valid
+
+
+@pytest.mark.parametrize("name,needle", [
+    ("", "it is empty"), (" .safetensors", "it is empty"), ("x.", "ends with a dot"), ("CON", "device name"),
+    ("people/aux", "device name"), ("b" * 300, "300 characters long"), ("a*b", "'*'"), ("../x", "not allowed"),
+])
+def test_lora_names_a_folder_cannot_hold_are_refused(tmp_path, name, needle):
+    with pytest.raises(ConfigError, match="LoRA name") as err:
+        safe_lora_target(str(tmp_path), name)
+    assert needle in str(err.value)
+
+
+def test_a_lora_name_that_is_a_folder_is_refused(tmp_path):
+    (tmp_path / "pipetrain" / "style.safetensors").mkdir(parents=True)
+    with pytest.raises(ConfigError, match="is a folder"):
+        safe_lora_target(str(tmp_path), "style")
+    assert safe_lora_target(str(tmp_path), "people/anna") == (tmp_path / "pipetrain" / "people" /
+                                                               "anna.safetensors").resolve()
+
+
+def test_gpu_settings_are_checked_before_launch(monkeypatch):
+    with pytest.raises(ConfigError, match="lists GPU 0 more than once"):
+        LaunchSpec(num_gpus=2, gpu_ids="0,0").validate()
+    monkeypatch.setattr(preflight.compat, "cuda_available", lambda: False)
+    with pytest.raises(ConfigError, match="gpu_ids is '7' but this ComfyUI runs without a CUDA GPU"):
+        preflight.check_devices(LaunchSpec(num_gpus=1, gpu_ids="7"))
+    with pytest.raises(ConfigError, match="num_gpus is 4096 .* CPU core"):
+        preflight.check_devices(LaunchSpec(num_gpus=4096))
+    assert preflight.check_devices(LaunchSpec(num_gpus=2)) is False
+    import torch
+
+    monkeypatch.setattr(preflight.compat, "cuda_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    with pytest.raises(ConfigError, match=r"gpu_ids '1,7' asks for GPU\(s\) \[7\] but this machine shows 2"):
+        preflight.check_devices(LaunchSpec(num_gpus=2, gpu_ids="1,7"))
+    with pytest.raises(ConfigError, match=r"num_gpus 3 asks for GPU\(s\) \[2\]"):
+        preflight.check_devices(LaunchSpec(num_gpus=3))
+    assert preflight.check_devices(LaunchSpec(num_gpus=2, gpu_ids="1,0")) is True
+
+
+def test_sample_sizes_off_the_latent_grid_are_refused(tmp_path):
+    prompts = tmp_path / "prompts.safetensors"
+    prompts.write_bytes(b"x")
+    with pytest.raises(ConfigError, match="100x64 is not a multiple of 8.*96x64"):
+        SampleSpec(every=5, prompts_file=str(prompts), width=100, height=64).validate()
+    sixteen = preflight.Detected("WAN22_T2V", 48, downscale=16)
+    with pytest.raises(ConfigError, match="steps of 16 pixels.*512x512"):
+        preflight.check_sample_size(SampleSpec(width=520, height=512), sixteen, "wan22.safetensors")
+    preflight.check_sample_size(SampleSpec(width=520, height=512), None, "unknown.ckpt")  # 8 = the default ratio
+
+
+def test_resume_refuses_what_the_checkpoint_cannot_continue(tmp_path):
+    run = tmp_path / "r"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "checkpoints" / "latest").write_text("step000012")
+    (run / "run.json").write_text(json.dumps({"model_path": "/m/a.safetensors", "lora": {
+        "rank": 8, "targets": "attention", "target_regex": ""}}))
+    with pytest.raises(ConfigError, match="already at step 12 and steps is 12.*raise steps above 12"):
+        check_resume(run, 12, "/m/a.safetensors", LoraSpec(rank=8))
+    with pytest.raises(ConfigError, match="model a.safetensors -> b.safetensors; lora rank 8 -> 4"):
+        check_resume(run, 20, "/other/b.safetensors", LoraSpec(rank=4))
+    check_resume(run, 20, "/m/a.safetensors", LoraSpec(rank=8))
+    assert (run / "run.json").read_text().startswith("{")  # a refused resume leaves the run as it was
+
+
+@pytest.fixture(scope="module")
+def files(demo_base, tmp_path_factory):
+    """The demo UNet (SD1.5 layout, 4 latent channels), its VAE, and a tiny Wan 2.1 (16 channels)."""
+    import tiny_wan
+
+    models = Path(demo_base["base_dir"]) / "models"
+    wan = tiny_wan.write_model(tmp_path_factory.mktemp("wan") / "wan.safetensors")
+    return {"unet": str(models / "diffusion_models" / demo_base["unet"]),
+            "vae": str(models / "vae" / demo_base["vae"]), "wan": str(wan)}
+
+
+def _cache(tmp_path, channels: int, vae_class: str = "TAESD") -> CacheSpec:
+    (tmp_path / "manifest.json").write_text(json.dumps({"encoders": {"vae": {"class": vae_class}}}))
+    return CacheSpec(str(tmp_path), "f", 8, (channels, 8, 8))
+
+
+def test_comfyui_detection_on_the_header_finds_family_and_channels(files):
+    unet, wan = preflight.detect(files["unet"]), preflight.detect(files["wan"])
+    assert (unet.family, unet.latent_channels, unet.downscale) == ("SD15", 4, 8)
+    assert (wan.family, wan.latent_channels) == ("WAN21_T2V", 16)
+    assert "input_blocks.1.1.transformer_blocks.0.attn1.to_q" in unet.widths
+    with pytest.raises(preflight.NotADiffusionModel):
+        preflight.detect(files["vae"])
+
+
+def test_latents_a_family_reshapes_before_its_model_still_fit(comfy_root):
+    """HunyuanImage 2.1's refiner trains on 64 channels made from the VAE's 32 (two frames packed): its
+    32-channel cache fits, a 16-channel one does not; families without packing need equal channels."""
+    import comfy.latent_formats as lf
+
+    refiner = preflight.Detected("HunyuanImage21Refiner", 64, latent_format=lf.HunyuanImage21Refiner())
+    assert preflight.latents_fit(refiner, (32, 3, 8, 8))
+    assert not preflight.latents_fit(refiner, (16, 3, 8, 8))
+    flux = preflight.Detected("Flux", 16, latent_format=lf.Flux())
+    assert preflight.latents_fit(flux, (16, 8, 8)) and not preflight.latents_fit(flux, (4, 8, 8))
+
+
+def test_model_cache_and_lora_mismatches_are_named(files, tmp_path):
+    sd_cache = _cache(tmp_path, 4)
+    assert preflight.check_model("unet", files["unet"], LoraSpec(rank=16), {"cache": sd_cache}).family == "SD15"
+    with pytest.raises(ConfigError, match="does not recognise this file as a diffusion model"):
+        preflight.check_model("taesd.safetensors", files["vae"], LoraSpec(), {"cache": sd_cache})
+    with pytest.raises(ConfigError) as err:
+        preflight.check_model("wan.safetensors", files["wan"], LoraSpec(), {"cache": None, "eval_cache": sd_cache})
+    assert all(s in str(err.value) for s in ("eval_cache holds 4-channel latents made with the VAE TAESD",
+                                             "WAN21_T2V", "16-channel"))
+    with pytest.raises(ConfigError, match=r"rank 1024 is larger than any layer .* \(at most 320\)"):
+        preflight.check_model("unet", files["unet"], LoraSpec(rank=1024), {"cache": sd_cache})
+    with pytest.raises(ConfigError, match="target_regex 'zzz' matches no layer name"):
+        preflight.check_model("unet", files["unet"], LoraSpec(target_regex="zzz"), {"cache": sd_cache})
+    preflight.check_model("unet", files["unet"], LoraSpec(target_regex=r"attn2\.to_(k|v)$"), {"cache": sd_cache})
+    with pytest.raises(ConfigError, match="timestep_shift is 3 but model_name 'unet' is a SD15 model"):
+        preflight.check_model("unet", files["unet"], LoraSpec(), {"cache": sd_cache}, timestep_shift=3.0)
+    assert not preflight.detect(files["wan"]).no_shift  # a flow model takes a shift
+
+
+def test_a_cache_from_another_text_encoder_is_named_before_launch(files, tmp_path):
+    import tiny_detected
+
+    unet = preflight.detect(files["unet"])
+    assert unet.context_width == 768  # the demo UNet's cross-attention input, as ComfyUI reads it
+    wide = tiny_detected.write_cache(tmp_path / "wide", latent=(4, 8, 8), text_width=1024, items=1)
+    spec = CacheSpec(wide, "f", 1, (4, 8, 8))
+    with pytest.raises(ConfigError, match="cache holds 1024-wide text conditioning, but model_name 'unet' is a "
+                                          "SD15 model that takes 768-wide"):
+        preflight.check_model("unet", files["unet"], LoraSpec(), {"cache": spec})
+    fits = tiny_detected.write_cache(tmp_path / "fits", latent=(4, 8, 8), text_width=768, items=1)
+    preflight.check_model("unet", files["unet"], LoraSpec(), {"cache": CacheSpec(fits, "f", 1, (4, 8, 8))})
+
+
+@pytest.mark.slow
+def test_the_node_refuses_a_vae_picked_as_the_model_before_any_run_folder(comfy_server, demo_base):
+    base = Path(demo_base["base_dir"])
+    picked = base / "models" / "diffusion_models" / "pipetrain-vae-picked-as-model.safetensors"
+    shutil.copy(base / "models" / "vae" / demo_base["vae"], picked)
+    prompt = demo_prompt(demo_base, steps=1, processes=1, run_name="vae_as_model")
+    prompt = {k: v for k, v in prompt.items() if k in {"1", "2", "3", "4", "5", "6", "7", "8"}}
+    prompt["8"]["inputs"].update(model_name=picked.name, sample_prompts="")
+    try:
+        with pytest.raises(ComfyError, match="does not recognise this file as a diffusion model"):
+            comfy_server.run(prompt, timeout=300)
+    finally:
+        picked.unlink()
+    assert not (base / "output" / "pipetrain" / "vae_as_model").exists()
+
+
+def test_warmup_longer_than_the_run_is_refused():
+    from PipeTrain.engine.config import TrainSpec
+
+    with pytest.raises(ConfigError, match="warmup_steps 1000 is more than steps 100"):
+        TrainSpec(steps=100, warmup_steps=1000).validate()
+    TrainSpec(steps=100, warmup_steps=100).validate()
+    TrainSpec(steps=0, epochs=2.0, warmup_steps=1000).validate()  # with epochs the step count is known later
+
+
+def test_continuing_a_lora_of_another_rank_is_refused_at_configure(tmp_path, monkeypatch):
+    import torch
+    from safetensors.torch import save_file
+
+    from PipeTrain.nodes import configure_lora
+
+    lora = tmp_path / "old.safetensors"
+    save_file({"diffusion_model.a.lora_A.weight": torch.zeros(8, 32), "diffusion_model.a.lora_B.weight":
+               torch.zeros(32, 8)}, str(lora))
+    monkeypatch.setattr(configure_lora.compat, "full_path", lambda folder, name: str(lora))
+    node = configure_lora.PipeTrainConfigureLoRA()
+    with pytest.raises(ConfigError, match="start_from LoRA 'old.safetensors' has rank 8 but rank is 16"):
+        node.configure(16, 0.0, 0.0, "attention", "", "old.safetensors", "float32")
+    (spec,) = node.configure(8, 0.0, 0.0, "attention", "", "old.safetensors", "float32")
+    assert spec.init_from == str(lora)
+
+
+def test_a_pipeline_split_without_stages_says_so_first():
+    from PipeTrain.engine.config import MemorySpec
+
+    with pytest.raises(ConfigError, match="pipeline_split is 'a' but pipeline_stages is 1"):
+        MemorySpec(pipeline_split="a").validate()
+    with pytest.raises(ConfigError, match="'a' is not a list of whole numbers: give 1 layer index"):
+        MemorySpec(pipeline_split="a", pipeline_stages=2).validate()
+
+
+def test_a_batch_larger_than_a_pass_over_the_cache_is_refused(tmp_path):
+    import tiny_detected
+
+    cache = CacheSpec(tiny_detected.write_cache(tmp_path, latent=(4, 8, 8), text_width=8, items=3), "f", 3, (4, 8, 8))
+    with pytest.raises(ConfigError, match="batch_size is 4 but one pass over the cache has 3 images.*batch_size 3"):
+        preflight.check_batch(4, cache)
+    preflight.check_batch(3, cache)
