@@ -274,8 +274,8 @@ def finish_cache(plan: CachePlan, result: ShardResult, warn: Callable[[str], Non
     dataset, cache_dir, entries = plan.dataset, plan.cache_dir, plan.entries
     failures = result.failures_text()
     if result.failed_count:
-        warn(f"{result.failed_count} image(s) could not be decoded and are left out of the cache (the rest trains; "
-             f"fix them and run again to add them): {failures}")
+        warn(f"{result.failed_count} image(s) could not be used and are left out of the cache (the reason follows "
+             f"each name; the rest trains; fix them and run again to add them): {failures}")
     if result.skipped_keys:
         warn(f"conditioning value(s) {', '.join(result.skipped_keys)} are neither tensors nor JSON and were not "
              "cached; models that need them will not train correctly.")

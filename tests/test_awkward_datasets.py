@@ -183,7 +183,7 @@ def test_every_image_mode_loads_and_caches(tmp_path, encoders, logs):
     assert all(n in warned for n in ("anim.gif", "anim.webp", "anim_apng.png"))
     assert "exif_rotated.jpg (40x100)" in warned  # sizes are reported as displayed (EXIF applied)
     out = cache(spec, encoders)
-    assert out.count == len(expected) and "could not be decoded" not in logs()
+    assert out.count == len(expected) and "could not be used" not in logs()
 
 
 def test_small_extreme_and_one_pixel_images_are_upscaled_and_reported(tmp_path, logs):
@@ -273,7 +273,7 @@ def test_broken_files_are_skipped_by_name(tmp_path, encoders, logs):
         assert needle in reasons, needle
     out = cache(spec, encoders)
     assert out.count == 1 and fmt.CachedDataset(out.cache_dir)[0]["source"] == os.path.basename(good)
-    assert "1 image(s) could not be decoded and are left out of the cache" in logs()
+    assert "1 image(s) could not be used and are left out of the cache" in logs()
     assert "damaged_pixels.png is damaged or unsupported" in logs()
 
 

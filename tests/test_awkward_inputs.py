@@ -247,7 +247,7 @@ def test_mask_black_over_the_trained_crop_is_left_out_by_name(tmp_path, encoders
     out = cache(spec, encoders)
     assert out.count == 1 and [it["source"] for it in fmt.CachedDataset(out.cache_dir)] == ["half.png"]
     warned = logs()
-    assert "2 image(s) could not be decoded and are left out of the cache" in warned
+    assert "2 image(s) could not be used and are left out of the cache" in warned
     for stem in ("black", "edges"):
         assert (f"masks/{stem}.png is black everywhere in the part of {data / stem}.png that trains at 64x64 "
                 "(loss weight 0)") in warned

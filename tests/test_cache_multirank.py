@@ -130,7 +130,7 @@ def test_two_ranks_make_the_nodes_cache_and_training_reads_it(tmp_path, comfy_ro
     assert "6 item(s) on 2 rank(s)" in out and "5 encoded" in out
     # both kinds of broken file are named: the one the scan rejects and the one that fails to decode (rank 1's)
     assert "empty.png is empty (0 bytes)" in out
-    assert "1 image(s) could not be decoded and are left out of the cache" in out
+    assert "1 image(s) could not be used and are left out of the cache" in out
     assert "image_000_damaged.png is damaged or unsupported" in out
     (cache_dir,) = (folder / CACHE_FOLDER).iterdir()
     engine_copy = tmp_path / "engine-cache"
