@@ -97,17 +97,15 @@ def read_stored(path: str | os.PathLike, index: int | None) -> tuple[dict[str, t
     return tensors, json.loads(meta["items"])[str(index)]
 
 
-class ShardReader:
-    """Reads stored items (read_stored's answer) keeping the last OPEN_SHARDS shards open with their
-    parsed headers: copying a previous cache reads a shard's items one after another, and parsing the
-    header (every item's metadata) once per item instead would cost more than copying the tensors."""
+class OpenShards:
+    """The last OPEN_SHARDS shard files kept open with their tensor names grouped by item index (and the
+    items' metadata, parsed on first use): reading a shard's items one after another then parses its
+    header once instead of once per item."""
 
     def __init__(self):
-        self._open: OrderedDict[str, tuple[Any, dict[str, dict[str, str]], dict[int, list[str]]]] = OrderedDict()
+        self._open: OrderedDict[str, list[Any]] = OrderedDict()  # path -> [handle, names by index, metadata]
 
-    def read(self, path: str | os.PathLike, index: int | None) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
-        if index is None:  # a format 1 item file: one item, nothing to keep
-            return read_stored(path, None)
+    def _entry(self, path: str | os.PathLike) -> list[Any]:
         key = str(path)
         if key in self._open:
             self._open.move_to_end(key)
@@ -116,12 +114,34 @@ class ShardReader:
             names: dict[int, list[str]] = {}
             for name in handle.keys():
                 names.setdefault(int(name.split("/", 1)[0]), []).append(name)
-            self._open[key] = (handle, json.loads((handle.metadata() or {})["items"]), names)
+            self._open[key] = [handle, names, None]
             if len(self._open) > OPEN_SHARDS:
                 self._open.popitem(last=False)
-        handle, metas, names = self._open[key]
-        meta = metas[str(index)]  # KeyError: the shard does not hold that item
-        return {name.split("/", 1)[1]: handle.get_tensor(name) for name in names.get(index, [])}, meta
+        return self._open[key]
+
+    def tensors(self, path: str | os.PathLike, index: int) -> dict[str, torch.Tensor]:
+        handle, names, _ = self._entry(path)
+        return {name.split("/", 1)[1]: handle.get_tensor(name) for name in names.get(index, [])}
+
+    def meta(self, path: str | os.PathLike, index: int) -> dict[str, str]:
+        entry = self._entry(path)
+        if entry[2] is None:
+            entry[2] = json.loads((entry[0].metadata() or {})["items"])
+        return entry[2][str(index)]  # KeyError: the shard does not hold that item
+
+
+class ShardReader:
+    """Reads stored items (read_stored's answer) from shards kept open (OpenShards): copying a previous
+    cache reads a shard's items one after another."""
+
+    def __init__(self):
+        self._shards = OpenShards()
+
+    def read(self, path: str | os.PathLike, index: int | None) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+        if index is None:  # a format 1 item file: one item, nothing to keep
+            return read_stored(path, None)
+        meta = self._shards.meta(path, index)
+        return self._shards.tensors(path, index), meta
 
 
 class ShardWriter:
@@ -289,7 +309,7 @@ class ShardedItems:
         except (OSError, ValueError) as e:
             raise CacheError(f"cannot read the cache's metadata table {table_dir} ({e}): run CacheLatents with "
                              "regenerate on.") from e
-        self._open: OrderedDict[str, tuple[Any, dict[int, list[str]]]] = OrderedDict()
+        self._shards = OpenShards()
         if len(self.table) != manifest.get("count"):
             raise CacheError(f"{cache_dir / MANIFEST} says count={manifest.get('count')} but the table holds "
                              f"{len(self.table)} rows: run CacheLatents with regenerate on.")
@@ -336,24 +356,10 @@ class ShardedItems:
         return out
 
     def _tensors(self, path: Path, index: int) -> dict[str, torch.Tensor]:
-        """One item's tensors. The last OPEN_SHARDS shards stay open with their tensor names by item, so
-        reading a shard's items one after another parses its header once."""
-        key = str(path)
-        if key in self._open:
-            self._open.move_to_end(key)
-        else:
-            handle = safe_open(key, framework="pt")
-            names: dict[int, list[str]] = {}
-            for name in handle.keys():
-                names.setdefault(int(name.split("/", 1)[0]), []).append(name)
-            self._open[key] = (handle, names)
-            if len(self._open) > OPEN_SHARDS:
-                self._open.popitem(last=False)
-        handle, names = self._open[key]
-        return {name.split("/", 1)[1]: handle.get_tensor(name) for name in names.get(index, [])}
+        return self._shards.tensors(path, index)
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_open": OrderedDict()}  # open files do not travel to other processes
+        return {**self.__dict__, "_shards": OpenShards()}  # open files do not travel to other processes
 
     def previous(self) -> dict[str, tuple[str, int | None]]:
         """item_key -> (shard path, index): where a new cache copies an unchanged item's tensors from."""
