@@ -46,9 +46,9 @@ def _keep(key: str | None, result: ScanResult) -> None:
             _memo.popitem(last=False)
 
 
-def scan(spec: DatasetSpec) -> ScanResult:
+def scan(spec: DatasetSpec, key: str | None = None) -> ScanResult:
     """engine.dataset.validate(spec), kept for validate_once. Raises what it raises (errors are not kept)."""
-    key = _key(spec)  # before scanning: a file changed meanwhile gives another key later
+    key = key or _key(spec)  # before scanning: a file changed meanwhile gives another key later
     result = validate(spec)
     _keep(key, result)
     return result
@@ -61,6 +61,4 @@ def validate_once(spec: DatasetSpec) -> ScanResult:
         if key is not None and key in _memo:
             _memo.move_to_end(key)
             return _memo[key]
-    result = validate(spec)
-    _keep(key, result)
-    return result
+    return scan(spec, key)
