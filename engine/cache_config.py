@@ -18,6 +18,7 @@ from typing import Any
 
 from .config import ConfigError, _check, write_text_atomic
 from .dataset import DatasetError, DatasetSpec
+from .first_frame import DEFAULT_STYLE, check_style
 
 CACHE_CONFIG_VERSION = 1
 MODEL_FOLDERS = {"vae": ("vae",), "clip": ("text_encoders", "clip"), "checkpoint": ("checkpoints",),
@@ -34,6 +35,7 @@ class CacheConfig:
     clip_type: str = "stable_diffusion"  # CLIPLoader's type: a comfy.sd.CLIPType name in lower case
     checkpoint: str = ""  # a full checkpoint: its VAE and text encoder where vae / clip are not given
     first_frame_conditioning: bool = False  # CacheLatents' input of the same name
+    first_frame_style: str = DEFAULT_STYLE  # CacheLatents' first_frame_style (engine/first_frame.py)
     clip_vision: str = ""  # a CLIP-vision file (CLIPVisionLoader): each item's first frame encoded with it; "" = none
     clip_vision_crop: str = "center"  # CacheLatents' clip_vision_crop (CLIPVisionEncode's crop): center or none
     regenerate: bool = False
@@ -65,6 +67,10 @@ class CacheConfig:
                 [("clip", p) for p in self.clip]:
             _check(not path or os.path.isfile(path), f"{setting}: the file {path} does not exist; give a path or a file "
                    f"name from ComfyUI's models/{MODEL_FOLDERS[setting][0]} folder.")
+        problem = check_style(self.first_frame_style, "first_frame_style")
+        _check(problem is None, problem or "")
+        _check(self.first_frame_style == DEFAULT_STYLE or self.first_frame_conditioning, "first_frame_style is set but "
+               "first_frame_conditioning is not: set \"first_frame_conditioning\": true, or remove first_frame_style.")
         _check(self.clip_vision_crop in CLIP_VISION_CROPS, f"clip_vision_crop {self.clip_vision_crop!r}: use "
                "\"center\" or \"none\" (CLIPVisionEncode's crop; what your sampling workflow uses).")
         _check(self.clip_vision_crop == "center" or bool(self.clip_vision), "clip_vision_crop is set but "
@@ -81,6 +87,11 @@ class CacheConfig:
             _check(n == self.processes, f"gpu_ids lists {n} GPUs but processes is {self.processes}: make them agree.")
         _check(1 <= self.timeout_s <= 30 * 86400, f"timeout_s is {self.timeout_s}: use a number of seconds such as "
                "86400 (how long a rank waits for the slowest one).")
+
+    @property
+    def first_frame(self) -> str:
+        """The first-frame style the cache stores ("" = none), as encode_shard and cache_identity take it."""
+        return self.first_frame_style if self.first_frame_conditioning else ""
 
     def to_dict(self) -> dict[str, Any]:
         d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}

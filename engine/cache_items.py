@@ -7,6 +7,7 @@ encode / tokenize / encode_from_tokens_scheduled methods); nothing here imports 
 from __future__ import annotations
 
 from .dataset import DatasetItem, DatasetSpec
+from .first_frame import KEYS as FIRST_FRAME_KEYS
 from .dataset_pairs import load_mask
 from .image_io import ImageReadError, load_image
 from .video_io import load_video
@@ -14,7 +15,6 @@ from .video_io import load_video
 # Keys of the CLIP output dict that are not data: "hooks" carries ComfyUI's hook objects for
 # scheduled conditioning at sampling time, which has no meaning for a cached training caption.
 NOT_DATA_KEYS = ("hooks",)
-FIRST_FRAME_KEYS = ("concat_latent_image", "concat_mask")
 REFERENCE_KEY = "reference_latents"  # ComfyUI's ReferenceLatent conditioning key (edit models)
 CLIP_VISION_KEY = "clip_vision_output"  # CLIPVisionEncode's output, as image-to-video nodes pass it on
 # The fields of comfy.clip_vision.Output that models' extra_conds read: Wan 2.1 i2v (and the Wan 2.1
@@ -56,22 +56,6 @@ def loss_mask_tensor(item, size, latent):
                              f"{size[0]}x{size[1]} (loss weight 0), so the image would train nothing and is left out: "
                              "paint what should train white, or delete the mask to train it unmasked")
     return torch.from_numpy(weights).reshape((1,) * (latent.ndim - 2) + weights.shape)
-
-
-def first_frame_extras(vae, clip_pixels, latent) -> dict:
-    """ComfyUI's WanImageToVideo conditioning for a clip whose first frame is given.
-
-    The frames after the first are 0.5 grey, as in the node; the latent stays raw (extra_conds
-    calls process_latent_in itself, MODEL-NOTES item 6). The mask is 0 on the first latent frame.
-    """
-    import torch
-
-    image = torch.full_like(clip_pixels, 0.5)
-    image[:1] = clip_pixels[:1]
-    concat = vae.encode(image)
-    mask = torch.ones((1, 1, latent.shape[2], concat.shape[-2], concat.shape[-1]), dtype=concat.dtype)
-    mask[:, :, :1] = 0.0
-    return {"concat_latent_image": concat, "concat_mask": mask}
 
 
 def safe_text(value: str) -> str:

@@ -82,7 +82,7 @@ def run_rank(cfg: CacheConfig, worker: bool) -> int:
     try:
         vae, clip = load_encoders(cfg)
         clip_vision, crop = load_clip_vision(cfg), cfg.clip_vision_crop != "none"
-        identity = cache_identity(vae, clip, cfg.first_frame_conditioning, clip_vision, crop)
+        identity = cache_identity(vae, clip, cfg.first_frame, clip_vision, crop)
         if cfg.trust_cache and not cfg.regenerate:
             trusted = find_trusted_cache(cfg.dataset, identity)  # every rank finds the same one
             if trusted is not None:
@@ -104,7 +104,7 @@ def run_rank(cfg: CacheConfig, worker: bool) -> int:
             dist.barrier()  # nobody writes into the folder rank 0 is deleting
         start, mine = time.monotonic(), len(range(rank, len(plan.entries), world))
         _say(rank, f"{len(plan.entries)} item(s) on {world} rank(s) -> {plan.cache_dir}")
-        result = encode_shard(plan, vae, clip, rank, world, cfg.regenerate, cfg.first_frame_conditioning,
+        result = encode_shard(plan, vae, clip, rank, world, cfg.regenerate, cfg.first_frame,
                               progress=_progress(rank, mine, start), clip_vision=clip_vision, clip_vision_crop=crop)
         parts = [result]
         if world > 1:

@@ -25,9 +25,10 @@ import torch
 from .cache_format import (CACHE_FOLDER, MANIFEST, CachedDataset, CacheError, CacheSpec, cache_dir_for, fingerprint,
                            item_key, restore_cond, write_item)
 from .cache_store import ShardReader, ShardWriter, complete_manifest, scan_shards, write_metadata
-from .cache_items import (caption_cond, clip_vision_extras, first_frame_extras, load_pixels, loss_mask_tensor,
-                          per_item, reference_extras, safe_text)
+from .cache_items import (caption_cond, clip_vision_extras, load_pixels, loss_mask_tensor, per_item, reference_extras,
+                          safe_text)
 from .dataset import DatasetItem, DatasetSpec, cache_entries, relative_source
+from .first_frame import first_frame_extras
 from .image_io import ImageReadError, describe_error
 from .scan_memo import validate_once
 from .video_io import VideoReadError
@@ -138,7 +139,7 @@ class ShardResult:
 
 
 def encode_shard(plan: CachePlan, vae, clip, rank: int = 0, world: int = 1, regenerate: bool = False,
-                 first_frame_conditioning: bool = False, write: Callable[..., list[str]] = write_item,
+                 first_frame: str = "", write: Callable[..., list[str]] = write_item,
                  check_cancel: Callable[[], None] | None = None,
                  progress: Callable[[], None] | None = None, clip_vision=None,
                  clip_vision_crop: bool = True) -> ShardResult:
@@ -147,7 +148,8 @@ def encode_shard(plan: CachePlan, vae, clip, rank: int = 0, world: int = 1, rege
     Items in a complete shard are skipped (a cancelled run resumes), unchanged files are copied from
     the previous cache (ShardResult.copied), files that fail to decode are counted in the result.
     write(writer, index, ...) is cache_format.write_item. check_cancel runs before each item (the
-    node raises ComfyUI's interrupt there), progress after each. clip_vision (a ComfyUI CLIP_VISION)
+    node raises ComfyUI's interrupt there), progress after each. first_frame: the image-to-video style
+    (engine/first_frame.py) each clip's start-frame conditioning is stored in; "" = none. clip_vision (a ComfyUI CLIP_VISION)
     also stores each item's first-frame CLIP-vision encoding (cache_items.clip_vision_extras).
     On any exception the items done so far are written as one more shard before it propagates (a
     hard kill loses them: the next run encodes them again).
@@ -156,7 +158,7 @@ def encode_shard(plan: CachePlan, vae, clip, rank: int = 0, world: int = 1, rege
     previous = {} if regenerate else previous_items(dataset, plan.identity, cache_dir)
     writer = ShardWriter(cache_dir)
     try:
-        out = _encode_loop(plan, vae, clip, rank, world, first_frame_conditioning, write, check_cancel, progress,
+        out = _encode_loop(plan, vae, clip, rank, world, first_frame, write, check_cancel, progress,
                            clip_vision, clip_vision_crop, (previous, ShardReader()), writer)
         writer.flush()
     except OSError as e:
@@ -170,7 +172,7 @@ def encode_shard(plan: CachePlan, vae, clip, rank: int = 0, world: int = 1, rege
     return out
 
 
-def _encode_loop(plan: CachePlan, vae, clip, rank: int, world: int, first_frame_conditioning: bool, write,
+def _encode_loop(plan: CachePlan, vae, clip, rank: int, world: int, first_frame: str, write,
                  check_cancel, progress, clip_vision, clip_vision_crop: bool, previous: tuple[dict, ShardReader],
                  writer: ShardWriter) -> ShardResult:
     # identical captions are encoded once per rank; later ones copy the first item's stored
@@ -190,7 +192,7 @@ def _encode_loop(plan: CachePlan, vae, clip, rank: int, world: int, first_frame_
             out.copied += 1  # unchanged file: the previous cache's tensors, read and written again
             caption_item.setdefault(key, index)
         else:
-            message = _encode_one(plan, vae, clip, index, item, size, caption_item.get(key), first_frame_conditioning,
+            message = _encode_one(plan, vae, clip, index, item, size, caption_item.get(key), first_frame,
                                   write, skipped, writer, clip_vision, clip_vision_crop)
             if message is None:
                 caption_item.setdefault(key, index)
@@ -226,7 +228,7 @@ def _copy_previous(previous: tuple[dict, ShardReader], plan: CachePlan, index: i
 
 
 def _encode_one(plan: CachePlan, vae, clip, index: int, item: DatasetItem, size, seen: int | None,
-                first_frame_conditioning: bool, write, skipped: set[str], writer: ShardWriter, clip_vision=None,
+                first_frame: str, write, skipped: set[str], writer: ShardWriter, clip_vision=None,
                 clip_vision_crop: bool = True) -> str | None:
     """Encode and write one item; returns why it failed to decode, or None when it was written.
     seen: the index of an item written with the same caption (its conditioning is reused), or None."""
@@ -248,8 +250,8 @@ def _encode_one(plan: CachePlan, vae, clip, index: int, item: DatasetItem, size,
         else:
             cond, extras = caption_cond(clip, caption)
         extras = {k: v for k, v in extras.items() if not per_item(k)}  # per item, not per caption
-        if first_frame_conditioning and item.frames:
-            extras.update(first_frame_extras(vae, pixels, latent))
+        if first_frame and item.frames:
+            extras.update(first_frame_extras(first_frame, vae, pixels, latent))
         if clip_vision is not None:
             extras.update(clip_vision_extras(clip_vision, pixels, clip_vision_crop))
         if control is not None:

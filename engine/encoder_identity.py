@@ -22,6 +22,8 @@ from typing import Any
 
 import torch
 
+from .first_frame import DEFAULT_STYLE
+
 SAMPLED_TENSORS = 16
 SAMPLED_VALUES = 256
 
@@ -125,13 +127,16 @@ def clip_vision_identity(clip_vision: Any, crop: bool = True) -> dict[str, Any]:
     return ident
 
 
-def cache_identity(vae: Any, clip: Any, first_frame_conditioning: bool = False, clip_vision: Any = None,
+def cache_identity(vae: Any, clip: Any, first_frame: str = "", clip_vision: Any = None,
                    clip_vision_crop: bool = True) -> dict[str, Any]:
     """encoder_identity plus the caching options that change what is stored (part of the fingerprint).
-    Options left at their defaults add nothing, so caches made before an option existed still match."""
+    first_frame: the image-to-video style (engine/first_frame.py), "" = none. Options left at their
+    defaults add nothing, so caches made before an option existed still match."""
     identity = encoder_identity(vae, clip)
-    if first_frame_conditioning:  # such a cache holds more tensors
+    if first_frame:  # such a cache holds more tensors
         identity = {**identity, "first_frame_conditioning": True}
+        if first_frame != DEFAULT_STYLE:  # the only style before styles existed adds no key
+            identity["first_frame_style"] = first_frame
     if clip_vision is not None:  # and so does one with each item's CLIP-vision encoding
         identity = {**identity, "clip_vision": clip_vision_identity(clip_vision, clip_vision_crop)}
     return identity

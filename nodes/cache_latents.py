@@ -13,10 +13,10 @@ import time
 
 from ..engine.cache_format import CacheError, remove_cache, write_item  # noqa: F401 (CacheError: callers' import path)
 # the per-item helpers live in the engine (shared with its cache mode); importable from here as before
-from ..engine.cache_items import (clip_vision_extras, first_frame_extras, loss_mask_tensor,  # noqa: F401
-                                  reference_extras)
+from ..engine.cache_items import clip_vision_extras, loss_mask_tensor, reference_extras  # noqa: F401
 from ..engine.cache_writer import encode_shard, find_trusted_cache, finish_cache, plan_cache, previous_items  # noqa: F401
 from ..engine.dataset import DatasetSpec
+from ..engine.first_frame import DEFAULT_STYLE, STYLES
 from . import compat
 from .encoder_identity import cache_identity
 from .types import CACHE, DATASET
@@ -48,10 +48,9 @@ class PipeTrainCacheLatents:
         }, "optional": {
             "first_frame_conditioning": ("BOOLEAN", {
                 "default": False,
-                "tooltip": "Image-to-video training (Wan 2.1/2.2 I2V style): each video clip's first frame is also "
-                           "encoded as ComfyUI's WanImageToVideo does (first frame + grey frames -> "
-                           "concat_latent_image, with concat_mask 0 on that frame), so the model learns to continue "
-                           "a given first frame. Only affects videos."}),
+                "tooltip": "Image-to-video training: each video clip's first frame is also stored as the start "
+                           "image the model continues from, the way first_frame_style says (default: Wan 2.1/2.2 "
+                           "I2V's WanImageToVideo). Only affects videos."}),
             "trust_cache": ("BOOLEAN", {
                 "default": False,
                 "tooltip": "For very large datasets: skip checking every file and reuse the newest complete cache made "
@@ -67,12 +66,20 @@ class PipeTrainCacheLatents:
                 "tooltip": "CLIPVisionEncode's crop setting, used with clip_vision: center crops the frame to a "
                            "square before resizing it to the encoder's input size, none squashes the whole frame. "
                            "Use what your sampling workflow uses."}),
+            # new inputs go last: saved UI workflows store widget values by position
+            "first_frame_style": (list(STYLES), {
+                "default": DEFAULT_STYLE,
+                "tooltip": "With first_frame_conditioning on: which image-to-video node's conditioning to store, "
+                           "as your model's sampling workflow uses it. " + "; ".join(
+                               f"{name}: {what}" for name, what in STYLES.items()) + "."}),
         }}
 
     def cache(self, dataset: DatasetSpec, vae, clip, regenerate: bool, first_frame_conditioning: bool = False,
-              trust_cache: bool = False, clip_vision=None, clip_vision_crop: str = "center"):
+              trust_cache: bool = False, clip_vision=None, clip_vision_crop: str = "center",
+              first_frame_style: str = DEFAULT_STYLE):
         crop = clip_vision_crop != "none"
-        identity = cache_identity(vae, clip, first_frame_conditioning, clip_vision, crop)
+        first_frame = first_frame_style if first_frame_conditioning else ""
+        identity = cache_identity(vae, clip, first_frame, clip_vision, crop)
         if trust_cache and not regenerate:
             trusted = find_trusted_cache(dataset, identity)
             if trusted is not None:
@@ -89,7 +96,7 @@ class PipeTrainCacheLatents:
         pbar = compat.progress_bar(len(plan.entries))
         start = time.monotonic()
         # write_item looked up here, at call time: tests replace it to simulate a full disk
-        result = encode_shard(plan, vae, clip, regenerate=regenerate, first_frame_conditioning=first_frame_conditioning,
+        result = encode_shard(plan, vae, clip, regenerate=regenerate, first_frame=first_frame,
                               write=write_item, check_cancel=compat.raise_if_interrupted,
                               progress=lambda: pbar.update(1), clip_vision=clip_vision, clip_vision_crop=crop)
         spec = finish_cache(plan, result, warn)

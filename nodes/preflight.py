@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..engine.config import ConfigError, LaunchSpec
+from ..engine.first_frame import DEFAULT_STYLE, style_mismatch
 from . import compat
 
 _DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16", "I64": "int64",
@@ -37,6 +38,7 @@ class Detected:
     # file's layout is converted on load (diffusers files): names then are not the model's.
     widths: dict = field(default_factory=dict)
     latent_format: object = field(default=None, compare=False)  # ComfyUI's LatentFormat instance
+    in_channels: int = 0  # the model's input channels as detection read them (latents + concat); 0 = not known
 
 
 def latents_fit(found: Detected, shape: tuple) -> bool:
@@ -99,9 +101,11 @@ def detect(path: str) -> Detected | None:
             raise NotADiffusionModel(str(detail or "").strip())
         widths = _widths(config.process_unet_state_dict(dict(unet))) if native else {}
         fmt = config.latent_format
+        unet_config = config.unet_config
         return Detected(type(config).__name__, int(fmt.latent_channels), int(getattr(fmt, "spacial_downscale_ratio", 8)),
-                        _context_width(config.unet_config), _no_shift(config.unet_config), widths,
-                        fmt() if isinstance(fmt, type) else fmt)
+                        _context_width(unet_config), _no_shift(unet_config), widths,
+                        fmt() if isinstance(fmt, type) else fmt,
+                        int(unet_config.get("in_dim") or unet_config.get("in_channels") or 0))
     except NotADiffusionModel:
         raise
     except Exception as e:  # noqa: BLE001 - a header this check cannot read is the engine's to judge
@@ -130,13 +134,29 @@ def _widths(sd: dict) -> dict:
     return {k[: -len(".weight")]: min(v.shape) for k, v in sd.items() if k.endswith(".weight") and v.dim() == 2}
 
 
+def _cache_identity(cache_dir: str) -> dict:
+    """The encoders and caching options the cache was made with (the manifest's "encoders"), or {}."""
+    try:
+        identity = json.loads(Path(cache_dir, "manifest.json").read_text(encoding="utf-8"))["encoders"]
+    except Exception:  # noqa: BLE001 - the engine reports an unreadable cache itself
+        return {}
+    return identity if isinstance(identity, dict) else {}
+
+
 def _cache_encoder(cache_dir: str, which: str) -> str:
     """The class of the VAE or CLIP the cache was encoded with (manifest's encoder identity), or ""."""
     try:
-        manifest = json.loads(Path(cache_dir, "manifest.json").read_text(encoding="utf-8"))
-        return str(manifest["encoders"][which]["class"])
+        return str(_cache_identity(cache_dir)[which]["class"])
     except Exception:  # noqa: BLE001 - only for the message
         return ""
+
+
+def _cache_first_frame(cache) -> str:
+    """The first-frame style a video cache stores (engine/first_frame.py), "" for none or an image cache."""
+    identity = _cache_identity(cache.cache_dir) if len(tuple(cache.latent_shape)) == 4 else {}
+    if not identity.get("first_frame_conditioning"):
+        return ""
+    return str(identity.get("first_frame_style", DEFAULT_STYLE))
 
 
 def _cache_text_width(cache_dir: str) -> int:
@@ -174,6 +194,11 @@ def check_model(model_name: str, model_path: str, lora, caches: dict, timestep_s
                 f"{found.family} model (ComfyUI's detection) that trains on {found.latent_channels}-channel latents: "
                 f"cache the dataset with the {found.family} model's own VAE (connect it to Cache Latents), or pick "
                 "the model the cache was made for.")
+        style = _cache_first_frame(cache)
+        mismatch = style_mismatch(style, found.family, found.in_channels, found.latent_channels) if style else None
+        if mismatch:
+            raise ConfigError(f"{input_name} holds first-frame conditioning ({style}) that model_name {model_name!r} "
+                              f"cannot use: {mismatch}")
         width = _cache_text_width(cache.cache_dir) if found.context_width else 0
         if width and width != found.context_width:
             clip = _cache_encoder(cache.cache_dir, "clip")

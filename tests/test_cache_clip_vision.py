@@ -180,8 +180,9 @@ def _engine_files(root: Path, encoders) -> tuple[str, str]:
     cache writer's own first-frame and CLIP-vision extras, plus a random caption embedding at umT5's
     4096 width (the tiny Wan file needs it for ComfyUI's detection; no tiny ComfyUI text encoder has it)."""
     from PipeTrain.engine.cache_format import write_item, write_manifest
-    from PipeTrain.engine.cache_items import clip_vision_extras, first_frame_extras
+    from PipeTrain.engine.cache_items import clip_vision_extras
     from PipeTrain.engine.dataset import DatasetSpec, FolderSpec
+    from PipeTrain.engine.first_frame import first_frame_extras
     from PipeTrain.engine.video_io import load_video
     from safetensors.torch import save_file
 
@@ -196,7 +197,7 @@ def _engine_files(root: Path, encoders) -> tuple[str, str]:
     frames = torch.from_numpy(load_video(str(video), (64, 64), 5))
     with torch.inference_mode():
         latent = vae.encode(frames)
-        extras = {**first_frame_extras(vae, frames, latent), **clip_vision_extras(clip_vision, frames)}
+        extras = {**first_frame_extras("wan_concat", vae, frames, latent), **clip_vision_extras(clip_vision, frames)}
     text = torch.randn((1, *tiny_wan.TEXT), generator=torch.Generator().manual_seed(0))
     cache = root / "cache"
     write_item(cache, 0, latent, text, extras, "fade.mkv", "a fade", 1)

@@ -238,6 +238,11 @@ def test_config_errors_name_the_setting_before_any_rank_starts(tmp_path, comfy_r
     assert "clip_vision: the file" in missing_vision and "models/clip_vision" in missing_vision
     assert "clip_vision_crop 'left'" in error(clip_vision=files["vae"], clip_vision_crop="left")
     assert "clip_vision_crop is set but clip_vision is not" in error(clip_vision_crop="none")
+    assert "first_frame_style 'wan' is not a first-frame style: use one of wan_concat, start_frame_concat" in error(
+        first_frame_conditioning=True, first_frame_style="wan")
+    assert "first_frame_style is set but first_frame_conditioning is not" in error(first_frame_style="clean_first_frame")
+    assert CacheConfig.from_dict({**base, "first_frame_conditioning": True, "first_frame_style": "clean_first_frame"},
+                                 str(tmp_path)).first_frame == "clean_first_frame"
     cfg = CacheConfig.from_dict(base, str(tmp_path))  # relative folders are read against the config's folder
     assert cfg.dataset.folders[0].path == str(folder) and cfg.clip == (files["clip"],)
     # a bare name is also looked up the way ComfyUI lists models: <models>/vae/<name>

@@ -112,8 +112,9 @@ def files(demo_base, tmp_path_factory):
 
     models = Path(demo_base["base_dir"]) / "models"
     wan = tiny_wan.write_model(tmp_path_factory.mktemp("wan") / "wan.safetensors")
+    wan_i2v = tiny_wan.write_model(tmp_path_factory.mktemp("wan") / "wan_i2v.safetensors", i2v=True)
     return {"unet": str(models / "diffusion_models" / demo_base["unet"]),
-            "vae": str(models / "vae" / demo_base["vae"]), "wan": str(wan)}
+            "vae": str(models / "vae" / demo_base["vae"]), "wan": str(wan), "wan_i2v": str(wan_i2v)}
 
 
 def _cache(tmp_path, channels: int, vae_class: str = "TAESD") -> CacheSpec:
@@ -173,6 +174,36 @@ def test_a_cache_from_another_text_encoder_is_named_before_launch(files, tmp_pat
         preflight.check_model("unet", files["unet"], LoraSpec(), {"cache": spec})
     fits = tiny_detected.write_cache(tmp_path / "fits", latent=(4, 8, 8), text_width=768, items=1)
     preflight.check_model("unet", files["unet"], LoraSpec(), {"cache": CacheSpec(fits, "f", 1, (4, 8, 8))})
+
+
+def test_a_start_image_the_model_cannot_read_is_refused(files, tmp_path):
+    """A video cache with first-frame conditioning in one image-to-video style (engine/first_frame.py)
+    trains only models of the families that read that style; a text-to-video model reads none."""
+    def cache(style: str) -> CacheSpec:
+        folder = tmp_path / style
+        folder.mkdir(exist_ok=True)
+        encoders = {"vae": {"class": "TAEHV"}, "first_frame_conditioning": True,
+                    **({"first_frame_style": style} if style != "wan_concat" else {})}  # as cache_identity writes it
+        (folder / "manifest.json").write_text(json.dumps({"encoders": encoders}))
+        return CacheSpec(str(folder), "f", 1, (16, 3, 8, 8))
+
+    with pytest.raises(ConfigError, match=r"cache holds first-frame conditioning \(wan_concat\) that model_name "
+                                          "'wan.safetensors' cannot use: a WAN21_T2V model takes no start image"):
+        preflight.check_model("wan.safetensors", files["wan"], LoraSpec(), {"cache": cache("wan_concat")})
+    with pytest.raises(ConfigError, match="set Cache Latents' first_frame_style to 'wan_concat'"):
+        preflight.check_model("i2v", files["wan_i2v"], LoraSpec(), {"cache": cache("clean_first_frame")})
+    assert preflight.check_model("i2v", files["wan_i2v"], LoraSpec(), {"cache": cache("wan_concat")}).family == \
+        "WAN21_I2V"
+    # Wan 2.2 A14B's I2V expert has no image embedder: detected as WAN21_T2V, told apart by its 36 input channels
+    import comfy.supported_models
+    import tiny_wan
+    from safetensors.torch import save_file
+
+    expert = comfy.supported_models.WAN21_T2V(dict(tiny_wan.WAN_CONFIG, in_dim=36)).get_model({}).diffusion_model
+    save_file({k: v.contiguous() for k, v in expert.state_dict().items()}, str(tmp_path / "expert.safetensors"))
+    found = preflight.check_model("expert", str(tmp_path / "expert.safetensors"), LoraSpec(),
+                                  {"cache": cache("wan_concat")})
+    assert (found.family, found.in_channels) == ("WAN21_T2V", 36)
 
 
 @pytest.mark.slow
