@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .cache_items import CONTROL_STYLES, control_style_conflict
 from .config import ConfigError, _check, write_text_atomic
 from .dataset import DatasetError, DatasetSpec
 from .first_frame import DEFAULT_STYLE, check_style
@@ -36,6 +37,7 @@ class CacheConfig:
     checkpoint: str = ""  # a full checkpoint: its VAE and text encoder where vae / clip are not given
     first_frame_conditioning: bool = False  # CacheLatents' input of the same name
     first_frame_style: str = DEFAULT_STYLE  # CacheLatents' first_frame_style (engine/first_frame.py)
+    control_style: str = CONTROL_STYLES[0]  # CacheLatents' control_style: how control images are stored
     clip_vision: str = ""  # a CLIP-vision file (CLIPVisionLoader): each item's first frame encoded with it; "" = none
     clip_vision_crop: str = "center"  # CacheLatents' clip_vision_crop (CLIPVisionEncode's crop): center or none
     regenerate: bool = False
@@ -71,6 +73,10 @@ class CacheConfig:
         _check(problem is None, problem or "")
         _check(self.first_frame_style == DEFAULT_STYLE or self.first_frame_conditioning, "first_frame_style is set but "
                "first_frame_conditioning is not: set \"first_frame_conditioning\": true, or remove first_frame_style.")
+        _check(self.control_style in CONTROL_STYLES, f"control_style {self.control_style!r}: use "
+               f"{' or '.join(repr(c) for c in CONTROL_STYLES)} (docs/datasets.md, control images).")
+        problem = control_style_conflict(self.control_style, self.first_frame_conditioning, self.dataset.control_folder)
+        _check(problem is None, problem or "")
         _check(self.clip_vision_crop in CLIP_VISION_CROPS, f"clip_vision_crop {self.clip_vision_crop!r}: use "
                "\"center\" or \"none\" (CLIPVisionEncode's crop; what your sampling workflow uses).")
         _check(self.clip_vision_crop == "center" or bool(self.clip_vision), "clip_vision_crop is set but "

@@ -6,9 +6,13 @@ encode / tokenize / encode_from_tokens_scheduled methods); nothing here imports 
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 from .dataset import DatasetItem, DatasetSpec
-from .first_frame import KEYS as FIRST_FRAME_KEYS
 from .dataset_pairs import load_mask
+from .first_frame import KEYS as FIRST_FRAME_KEYS
+from .first_frame import first_frame_extras
 from .image_io import ImageReadError, load_image
 from .video_io import load_video
 
@@ -37,11 +41,47 @@ def clip_vision_extras(clip_vision, pixels, crop: bool = True) -> dict:
     return {f"{CLIP_VISION_KEY}.{name}": out[name] for name in CLIP_VISION_FIELDS}
 
 
-def reference_extras(vae, control_pixels) -> dict:
-    """What ComfyUI's ReferenceLatent node adds for a control image: its raw VAE latent (VAEEncode's
-    output; the model's extra_conds applies process_latent_in itself), as the flat key
-    reference_latents.0 that engine/conditioning.py turns back into the list extra_conds takes."""
-    return {f"{REFERENCE_KEY}.0": vae.encode(control_pixels)}
+# LoadDataset's control images, stored the way the edit model's ComfyUI node passes them (CacheLatents'
+# control_style): ReferenceLatent for Flux Kontext, Qwen-Image-Edit, Flux 2 and OmniGen2;
+# InstructPixToPixConditioning (the control image's latent as concat_latent_image) for HiDream E1 and
+# the InstructPix2Pix UNets.
+CONTROL_STYLES = ("reference_latents", "concat_latent_image")
+
+
+def control_extras(style: str, vae, control_pixels) -> dict:
+    """The control image's raw VAE latent (VAEEncode's output; the model's extra_conds applies
+    process_latent_in itself): as the flat key reference_latents.0, which engine/conditioning.py turns
+    back into the list extra_conds takes, or as concat_latent_image."""
+    latent = vae.encode(control_pixels)
+    return {f"{REFERENCE_KEY}.0": latent} if style == "reference_latents" else {"concat_latent_image": latent}
+
+
+def control_style_conflict(control_style: str, first_frame_conditioning: bool, control_folder: str) -> str | None:
+    """Why these caching options cannot go together, or None: two sources for concat_latent_image."""
+    if control_style == "concat_latent_image" and first_frame_conditioning and control_folder:
+        return ("control_style 'concat_latent_image' and first_frame_conditioning would both store "
+                "concat_latent_image: turn first_frame_conditioning off, or set control_style to 'reference_latents'.")
+    return None
+
+
+@dataclass(frozen=True)
+class ItemOptions:
+    """What each cached item stores besides its latent and caption: CacheLatents' options."""
+    first_frame: str = ""  # image-to-video style (engine/first_frame.py) for video clips; "" = none
+    clip_vision: Any = None  # a ComfyUI CLIP_VISION: each item's first frame encoded with it
+    clip_vision_crop: bool = True  # CLIPVisionEncode's crop "center" (True) or "none"
+    control_style: str = CONTROL_STYLES[0]
+
+    def extras(self, vae, item: DatasetItem, pixels, latent, control_pixels) -> dict:
+        """The item's per-item conditioning extras (not its caption's)."""
+        out = {}
+        if self.first_frame and item.frames:
+            out.update(first_frame_extras(self.first_frame, vae, pixels, latent))
+        if self.clip_vision is not None:
+            out.update(clip_vision_extras(self.clip_vision, pixels, self.clip_vision_crop))
+        if control_pixels is not None:
+            out.update(control_extras(self.control_style, vae, control_pixels))
+        return out
 
 
 def loss_mask_tensor(item, size, latent):

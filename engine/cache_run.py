@@ -69,6 +69,7 @@ def run_rank(cfg: CacheConfig, worker: bool) -> int:
     import torch
     import torch.distributed as dist
 
+    from .cache_items import ItemOptions
     from .cache_writer import ShardResult, encode_shard, find_trusted_cache, finish_cache, plan_cache
     from .comfy_bootstrap import import_comfy
     from .encoder_identity import cache_identity
@@ -81,8 +82,8 @@ def run_rank(cfg: CacheConfig, worker: bool) -> int:
         dist.init_process_group("gloo", timeout=timedelta(seconds=cfg.timeout_s))
     try:
         vae, clip = load_encoders(cfg)
-        clip_vision, crop = load_clip_vision(cfg), cfg.clip_vision_crop != "none"
-        identity = cache_identity(vae, clip, cfg.first_frame, clip_vision, crop)
+        options = ItemOptions(cfg.first_frame, load_clip_vision(cfg), cfg.clip_vision_crop != "none", cfg.control_style)
+        identity = cache_identity(vae, clip, options)
         if cfg.trust_cache and not cfg.regenerate:
             trusted = find_trusted_cache(cfg.dataset, identity)  # every rank finds the same one
             if trusted is not None:
@@ -104,8 +105,8 @@ def run_rank(cfg: CacheConfig, worker: bool) -> int:
             dist.barrier()  # nobody writes into the folder rank 0 is deleting
         start, mine = time.monotonic(), len(range(rank, len(plan.entries), world))
         _say(rank, f"{len(plan.entries)} item(s) on {world} rank(s) -> {plan.cache_dir}")
-        result = encode_shard(plan, vae, clip, rank, world, cfg.regenerate, cfg.first_frame,
-                              progress=_progress(rank, mine, start), clip_vision=clip_vision, clip_vision_crop=crop)
+        result = encode_shard(plan, vae, clip, rank, world, cfg.regenerate, options,
+                              progress=_progress(rank, mine, start))
         parts = [result]
         if world > 1:
             parts = [None] * world

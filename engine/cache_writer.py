@@ -25,10 +25,8 @@ import torch
 from .cache_format import (CACHE_FOLDER, MANIFEST, CachedDataset, CacheError, CacheSpec, cache_dir_for, fingerprint,
                            item_key, restore_cond, write_item)
 from .cache_store import ShardReader, ShardWriter, complete_manifest, scan_shards, write_metadata
-from .cache_items import (caption_cond, clip_vision_extras, load_pixels, loss_mask_tensor, per_item, reference_extras,
-                          safe_text)
+from .cache_items import ItemOptions, caption_cond, load_pixels, loss_mask_tensor, per_item, safe_text
 from .dataset import DatasetItem, DatasetSpec, cache_entries, relative_source
-from .first_frame import first_frame_extras
 from .image_io import ImageReadError, describe_error
 from .scan_memo import validate_once
 from .video_io import VideoReadError
@@ -139,18 +137,16 @@ class ShardResult:
 
 
 def encode_shard(plan: CachePlan, vae, clip, rank: int = 0, world: int = 1, regenerate: bool = False,
-                 first_frame: str = "", write: Callable[..., list[str]] = write_item,
+                 options: ItemOptions = ItemOptions(), write: Callable[..., list[str]] = write_item,
                  check_cancel: Callable[[], None] | None = None,
-                 progress: Callable[[], None] | None = None, clip_vision=None,
-                 clip_vision_crop: bool = True) -> ShardResult:
+                 progress: Callable[[], None] | None = None) -> ShardResult:
     """Encode and write the items i with i % world == rank that are in no complete shard yet.
 
     Items in a complete shard are skipped (a cancelled run resumes), unchanged files are copied from
     the previous cache (ShardResult.copied), files that fail to decode are counted in the result.
     write(writer, index, ...) is cache_format.write_item. check_cancel runs before each item (the
-    node raises ComfyUI's interrupt there), progress after each. first_frame: the image-to-video style
-    (engine/first_frame.py) each clip's start-frame conditioning is stored in; "" = none. clip_vision (a ComfyUI CLIP_VISION)
-    also stores each item's first-frame CLIP-vision encoding (cache_items.clip_vision_extras).
+    node raises ComfyUI's interrupt there), progress after each. options: what each item stores besides
+    its latent and caption (first-frame conditioning, CLIP vision, control images; cache_items.ItemOptions).
     On any exception the items done so far are written as one more shard before it propagates (a
     hard kill loses them: the next run encodes them again).
     """
@@ -158,8 +154,8 @@ def encode_shard(plan: CachePlan, vae, clip, rank: int = 0, world: int = 1, rege
     previous = {} if regenerate else previous_items(dataset, plan.identity, cache_dir)
     writer = ShardWriter(cache_dir)
     try:
-        out = _encode_loop(plan, vae, clip, rank, world, first_frame, write, check_cancel, progress,
-                           clip_vision, clip_vision_crop, (previous, ShardReader()), writer)
+        out = _encode_loop(plan, vae, clip, rank, world, options, write, check_cancel, progress,
+                           (previous, ShardReader()), writer)
         writer.flush()
     except OSError as e:
         raise write_error(dataset, e) from e
@@ -172,8 +168,8 @@ def encode_shard(plan: CachePlan, vae, clip, rank: int = 0, world: int = 1, rege
     return out
 
 
-def _encode_loop(plan: CachePlan, vae, clip, rank: int, world: int, first_frame: str, write,
-                 check_cancel, progress, clip_vision, clip_vision_crop: bool, previous: tuple[dict, ShardReader],
+def _encode_loop(plan: CachePlan, vae, clip, rank: int, world: int, options: ItemOptions, write,
+                 check_cancel, progress, previous: tuple[dict, ShardReader],
                  writer: ShardWriter) -> ShardResult:
     # identical captions are encoded once per rank; later ones copy the first item's stored
     # conditioning from disk rather than keeping every caption's tensors in memory (keys: digests)
@@ -192,8 +188,8 @@ def _encode_loop(plan: CachePlan, vae, clip, rank: int, world: int, first_frame:
             out.copied += 1  # unchanged file: the previous cache's tensors, read and written again
             caption_item.setdefault(key, index)
         else:
-            message = _encode_one(plan, vae, clip, index, item, size, caption_item.get(key), first_frame,
-                                  write, skipped, writer, clip_vision, clip_vision_crop)
+            message = _encode_one(plan, vae, clip, index, item, size, caption_item.get(key), options,
+                                  write, skipped, writer)
             if message is None:
                 caption_item.setdefault(key, index)
                 out.encoded += 1
@@ -228,8 +224,7 @@ def _copy_previous(previous: tuple[dict, ShardReader], plan: CachePlan, index: i
 
 
 def _encode_one(plan: CachePlan, vae, clip, index: int, item: DatasetItem, size, seen: int | None,
-                first_frame: str, write, skipped: set[str], writer: ShardWriter, clip_vision=None,
-                clip_vision_crop: bool = True) -> str | None:
+                options: ItemOptions, write, skipped: set[str], writer: ShardWriter) -> str | None:
     """Encode and write one item; returns why it failed to decode, or None when it was written.
     seen: the index of an item written with the same caption (its conditioning is reused), or None."""
     dataset, caption = plan.dataset, item.caption or ""
@@ -250,12 +245,7 @@ def _encode_one(plan: CachePlan, vae, clip, index: int, item: DatasetItem, size,
         else:
             cond, extras = caption_cond(clip, caption)
         extras = {k: v for k, v in extras.items() if not per_item(k)}  # per item, not per caption
-        if first_frame and item.frames:
-            extras.update(first_frame_extras(first_frame, vae, pixels, latent))
-        if clip_vision is not None:
-            extras.update(clip_vision_extras(clip_vision, pixels, clip_vision_crop))
-        if control is not None:
-            extras.update(reference_extras(vae, control))
+        extras.update(options.extras(vae, item, pixels, latent, control))
     try:
         # a mask failing to decode after passing the scan skips the item (engine/dataset_pairs.py policy)
         mask = loss_mask_tensor(item, size, latent) if item.mask else None

@@ -127,16 +127,19 @@ def clip_vision_identity(clip_vision: Any, crop: bool = True) -> dict[str, Any]:
     return ident
 
 
-def cache_identity(vae: Any, clip: Any, first_frame: str = "", clip_vision: Any = None,
-                   clip_vision_crop: bool = True) -> dict[str, Any]:
+def cache_identity(vae: Any, clip: Any, options: Any = None) -> dict[str, Any]:
     """encoder_identity plus the caching options that change what is stored (part of the fingerprint).
-    first_frame: the image-to-video style (engine/first_frame.py), "" = none. Options left at their
-    defaults add nothing, so caches made before an option existed still match."""
+    options: cache_items.ItemOptions (None = all defaults). Options left at their defaults add
+    nothing, so caches made before an option existed still match."""
     identity = encoder_identity(vae, clip)
-    if first_frame:  # such a cache holds more tensors
-        identity = {**identity, "first_frame_conditioning": True}
-        if first_frame != DEFAULT_STYLE:  # the only style before styles existed adds no key
-            identity["first_frame_style"] = first_frame
-    if clip_vision is not None:  # and so does one with each item's CLIP-vision encoding
-        identity = {**identity, "clip_vision": clip_vision_identity(clip_vision, clip_vision_crop)}
+    if options is None:
+        return identity
+    if options.first_frame:  # such a cache holds more tensors
+        identity["first_frame_conditioning"] = True
+        if options.first_frame != DEFAULT_STYLE:  # the only style before styles existed adds no key
+            identity["first_frame_style"] = options.first_frame
+    if options.clip_vision is not None:  # and so does one with each item's CLIP-vision encoding
+        identity["clip_vision"] = clip_vision_identity(options.clip_vision, options.clip_vision_crop)
+    if options.control_style != "reference_latents":  # control images stored under another key
+        identity["control_style"] = options.control_style
     return identity

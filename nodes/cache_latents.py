@@ -12,8 +12,8 @@ import logging
 import time
 
 from ..engine.cache_format import CacheError, remove_cache, write_item  # noqa: F401 (CacheError: callers' import path)
-# the per-item helpers live in the engine (shared with its cache mode); importable from here as before
-from ..engine.cache_items import clip_vision_extras, loss_mask_tensor, reference_extras  # noqa: F401
+# the per-item encoding lives in the engine (engine/cache_items.py), shared with its cache mode
+from ..engine.cache_items import CONTROL_STYLES, ItemOptions, control_style_conflict
 from ..engine.cache_writer import encode_shard, find_trusted_cache, finish_cache, plan_cache, previous_items  # noqa: F401
 from ..engine.dataset import DatasetSpec
 from ..engine.first_frame import DEFAULT_STYLE, STYLES
@@ -72,14 +72,23 @@ class PipeTrainCacheLatents:
                 "tooltip": "With first_frame_conditioning on: which image-to-video node's conditioning to store, "
                            "as your model's sampling workflow uses it. " + "; ".join(
                                f"{name}: {what}" for name, what in STYLES.items()) + "."}),
+            "control_style": (list(CONTROL_STYLES), {
+                "default": CONTROL_STYLES[0],
+                "tooltip": "With LoadDataset's control_folder: how each control image reaches the edit model, as "
+                           "its sampling workflow passes it. reference_latents: ReferenceLatent (Flux Kontext, "
+                           "Qwen-Image-Edit, Flux 2, OmniGen2). concat_latent_image: InstructPixToPixConditioning "
+                           "(HiDream E1, InstructPix2Pix models)."}),
         }}
 
     def cache(self, dataset: DatasetSpec, vae, clip, regenerate: bool, first_frame_conditioning: bool = False,
               trust_cache: bool = False, clip_vision=None, clip_vision_crop: str = "center",
-              first_frame_style: str = DEFAULT_STYLE):
-        crop = clip_vision_crop != "none"
-        first_frame = first_frame_style if first_frame_conditioning else ""
-        identity = cache_identity(vae, clip, first_frame, clip_vision, crop)
+              first_frame_style: str = DEFAULT_STYLE, control_style: str = CONTROL_STYLES[0]):
+        conflict = control_style_conflict(control_style, first_frame_conditioning, dataset.control_folder)
+        if conflict:
+            raise CacheError(conflict)
+        options = ItemOptions(first_frame_style if first_frame_conditioning else "", clip_vision,
+                              clip_vision_crop != "none", control_style)
+        identity = cache_identity(vae, clip, options)
         if trust_cache and not regenerate:
             trusted = find_trusted_cache(dataset, identity)
             if trusted is not None:
@@ -96,9 +105,8 @@ class PipeTrainCacheLatents:
         pbar = compat.progress_bar(len(plan.entries))
         start = time.monotonic()
         # write_item looked up here, at call time: tests replace it to simulate a full disk
-        result = encode_shard(plan, vae, clip, regenerate=regenerate, first_frame=first_frame,
-                              write=write_item, check_cancel=compat.raise_if_interrupted,
-                              progress=lambda: pbar.update(1), clip_vision=clip_vision, clip_vision_crop=crop)
+        result = encode_shard(plan, vae, clip, regenerate=regenerate, options=options, write=write_item,
+                              check_cancel=compat.raise_if_interrupted, progress=lambda: pbar.update(1))
         spec = finish_cache(plan, result, warn)
         log.info("PipeTrain CacheLatents: %d item(s) reused, %d copied from the previous cache, %d encoded (%d distinct "
                  "caption(s)) in %.1fs -> %s", result.reused, result.copied, result.encoded, result.captions,

@@ -241,6 +241,7 @@ def test_config_errors_name_the_setting_before_any_rank_starts(tmp_path, comfy_r
     assert "first_frame_style 'wan' is not a first-frame style: use one of wan_concat, start_frame_concat" in error(
         first_frame_conditioning=True, first_frame_style="wan")
     assert "first_frame_style is set but first_frame_conditioning is not" in error(first_frame_style="clean_first_frame")
+    assert "control_style 'ref': use 'reference_latents' or 'concat_latent_image'" in error(control_style="ref")
     assert CacheConfig.from_dict({**base, "first_frame_conditioning": True, "first_frame_style": "clean_first_frame"},
                                  str(tmp_path)).first_frame == "clean_first_frame"
     cfg = CacheConfig.from_dict(base, str(tmp_path))  # relative folders are read against the config's folder

@@ -133,7 +133,9 @@ class _At:
 
 
 def test_a_tiny_flux_kontext_receives_the_cached_reference_latent(tmp_path, comfy_root):
-    """Items written the way CacheLatents writes them (reference_extras) reach Kontext's forward as ref_latents."""
+    """Items written the way CacheLatents writes them (control_extras) reach Kontext's forward as ref_latents."""
+    from PipeTrain.engine.cache_items import control_extras
+
     import family_configs as fc
 
     family = next(f for f in fc.FAMILIES if f.name == "flux_kontext")
@@ -148,7 +150,7 @@ def test_a_tiny_flux_kontext_receives_the_cached_reference_latent(tmp_path, comf
             return ref
 
     control = torch.zeros(1, RES, RES, 3)
-    fmt.write_item(tmp_path, 0, latent, cond, {**extras, **cache_node.reference_extras(Encoder(), control)},
+    fmt.write_item(tmp_path, 0, latent, cond, {**extras, **control_extras("reference_latents", Encoder(), control)},
                    "a.png", "", 1)
     fmt.write_item(tmp_path, 1, latent, cond, extras, "b.png", "", 1)  # the same item without a control image
     fmt.write_manifest(tmp_path, "0" * 16, load_node.DatasetSpec(folders=(), resolution=RES),
@@ -173,3 +175,50 @@ def test_a_tiny_flux_kontext_receives_the_cached_reference_latent(tmp_path, comf
     assert len(received[0]) == 1 and torch.allclose(received[0][0], model.process_latent_in(ref))
     assert received[1] is None
     assert losses[0] != pytest.approx(losses[1], rel=1e-4)  # the reference changes what the model predicts
+
+
+def test_concat_control_style_is_instruct_pix_to_pix_and_reaches_hidream_e1(tmp_path, encoders):
+    """control_style concat_latent_image stores what InstructPixToPixConditioning gives (HiDream E1's
+    edit input); a tiny HiDream (ComfyUI's class, 4 latent channels to match the tiny VAE) takes it as
+    image_cond, and its loss depends on it."""
+    import family_configs as fc
+    from comfy_extras.nodes_ip2p import InstructPixToPixConditioning
+
+    data, controls = pairs(tmp_path, ("a",))
+    spec = load(data, controls)
+    (out,) = cache_node.PipeTrainCacheLatents().cache(dataset=spec, vae=encoders[0], clip=encoders[1],
+                                                      regenerate=False, control_style="concat_latent_image")
+    assert out.cache_dir != cache(spec, encoders).cache_dir  # the style is part of the cache key
+    item = fmt.CachedDataset(out.cache_dir)[0]
+    pixels = torch.from_numpy(load_image(str(controls / "a.jpg"), (RES, RES))).unsqueeze(0)
+    cond = [[torch.zeros(1, 4, 8), {}]]
+    positive, _, _ = InstructPixToPixConditioning.execute(positive=cond, negative=cond, pixels=pixels,
+                                                          vae=encoders[0]).args
+    torch.testing.assert_close(item["extras"]["concat_latent_image"], positive[0][1]["concat_latent_image"][0])
+    assert not any(k.startswith("reference_latents") for k in item["extras"])
+
+    family = next(f for f in fc.FAMILIES if f.name == "hidream")
+    import comfy.supported_models
+
+    model = comfy.supported_models.HiDream(dict(family.config, in_channels=4, out_channels=4)).get_model({})
+    fc.init_weights(model.diffusion_model, seed=0)
+    g = torch.Generator().manual_seed(0)
+    extras = {**item["extras"], **family.extras(g)}
+    text = torch.randn(fc.T, family.text_width, generator=g)
+    latents = item["latent"].unsqueeze(0)
+    objective = DiffusionObjective(model, seed=0)
+    prepared = objective.prepare(latents, [{"cross_attn": text, "extras": extras}], [0])
+    torch.testing.assert_close(prepared.kwargs["image_cond"],
+                               model.process_latent_in(item["extras"]["concat_latent_image"].unsqueeze(0)))
+    loss = objective(latents, [{"cross_attn": text, "extras": extras}], [0])
+    other = objective(latents, [{"cross_attn": text, "extras": {**extras, "concat_latent_image": torch.zeros_like(
+        item["extras"]["concat_latent_image"])}}], [0])
+    assert torch.isfinite(loss) and abs(float(loss) - float(other)) > 1e-6
+
+
+def test_concat_control_style_and_first_frame_conditioning_are_refused_together(tmp_path, encoders):
+    data, controls = pairs(tmp_path, ("a",))
+    with pytest.raises(fmt.CacheError, match="would both store concat_latent_image"):
+        cache_node.PipeTrainCacheLatents().cache(dataset=load(data, controls), vae=encoders[0], clip=encoders[1],
+                                                 regenerate=False, first_frame_conditioning=True,
+                                                 control_style="concat_latent_image")

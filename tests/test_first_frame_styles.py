@@ -149,6 +149,7 @@ def test_each_style_trains_the_family_that_reads_it(encoders, tmp_path, style, f
 
 def test_every_style_is_offered_keyed_and_the_model_table_names_real_classes(encoders):  # noqa: F811
     import comfy.supported_models
+    from PipeTrain.engine.cache_items import ItemOptions
     from PipeTrain.engine.encoder_identity import cache_identity
     from PipeTrain.engine.first_frame import MODEL_STYLES
     from PipeTrain.nodes.cache_latents import PipeTrainCacheLatents
@@ -162,6 +163,7 @@ def test_every_style_is_offered_keyed_and_the_model_table_names_real_classes(enc
     assert style_mismatch("clean_first_frame", "Flux") is None  # classes the table does not know are not checked
     # the style is part of the cache key; the default adds nothing, so caches made before styles existed match
     video_vae, _, clip = encoders
-    wan = cache_identity(video_vae, clip, "wan_concat")
-    assert wan == {**cache_identity(video_vae, clip, ""), "first_frame_conditioning": True}
-    assert cache_identity(video_vae, clip, "clean_first_frame") == {**wan, "first_frame_style": "clean_first_frame"}
+    wan = cache_identity(video_vae, clip, ItemOptions("wan_concat"))
+    assert wan == {**cache_identity(video_vae, clip, ItemOptions()), "first_frame_conditioning": True}
+    assert cache_identity(video_vae, clip, ItemOptions("clean_first_frame")) == {
+        **wan, "first_frame_style": "clean_first_frame"}
