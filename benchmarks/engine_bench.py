@@ -22,16 +22,18 @@ def write_cache(root: Path, shape: Shape, size: int, frames: int = 1, items: int
     from PipeTrain.engine.cache_format import write_item, write_manifest
     from PipeTrain.engine.dataset import DatasetSpec, FolderSpec
 
+    from model_shapes import sample_cond
+
     latent = shape.latent(size, frames, height)
     gen = torch.Generator().manual_seed(0)
     cache = root / f"cache_{shape.family}_{size}x{height or size}x{frames}"
     entries = []
     for i in range(items):
-        extras: dict[str, Any] = dict(shape.extras)
-        if shape.pooled_dim:
-            extras["pooled_output"] = torch.randn((1, shape.pooled_dim), generator=gen)
-        write_item(cache, i, torch.randn((1, *latent), generator=gen),
-                   torch.randn((1, shape.text_tokens, shape.text_dim), generator=gen), extras,
+        # the family's conditioning in the cache's form (model_shapes.sample_cond), batched as ComfyUI returns it
+        cond = sample_cond(shape, seed=i, size=size, frames=frames, height=height)
+        extras: dict[str, Any] = {k: v.unsqueeze(0) if isinstance(v, torch.Tensor) else v
+                                  for k, v in cond["extras"].items()}
+        write_item(cache, i, torch.randn((1, *latent), generator=gen), cond["cross_attn"].unsqueeze(0), extras,
                    f"item{i}.png", f"caption {i}", 1)
         entries.append({"file": f"items/{i:06d}.safetensors", "source": f"item{i}.png", "repeats": 1})
     spec = DatasetSpec(folders=(FolderSpec(str(root)),), resolution=size)

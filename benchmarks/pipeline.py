@@ -69,6 +69,8 @@ def main() -> int:
     parser.add_argument("--pp2-splits", default="", help="comma list of layer indices: one more 2-stage run per "
                         "index, stage 2 starting there (memory.pipeline_split), named pp2_gas<samples>_split<index>")
     parser.add_argument("--runs", default="", help="comma list of run names to do (default: all)")
+    parser.add_argument("--blocks", type=int, default=0, help="cut each block list to this many blocks "
+                        "(model_shapes.shallow: released widths, fewer blocks; 0 = the released depth)")
     parser.add_argument("--tiny", action="store_true", help="CPU dry run on an 8-block tiny Wan (gloo processes)")
     args = parser.parse_args()
     if args.tiny:
@@ -79,11 +81,18 @@ def main() -> int:
     from model_shapes import SHAPES, write_random
 
     shape = SHAPES[args.model]
+    if args.blocks:
+        from model_shapes import DETECTION_PINS_DEPTH, shallow
+
+        if shape.family in DETECTION_PINS_DEPTH:
+            raise SystemExit(f"--blocks: ComfyUI's detection does not read a {shape.family} file's depth (it would load "
+                             "the released depth with blocks missing); run it without --blocks")
+        shape = shallow(shape, args.blocks)
     frames = args.frames if shape.video else 1
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
-    model = out / f"{args.model}_random.safetensors"
+    model = out / f"{args.model}{f'_{args.blocks}blocks' if args.blocks else ''}_random.safetensors"
     if not model.exists():
         params = write_random(shape, model)
         print(f"model {params / 1e9:.2f} B params written in {time.time() - t0:.0f} s", flush=True)
@@ -101,7 +110,7 @@ def main() -> int:
     if not ok:
         return 1
     base = next((r["step_s"] for r in ok if r["gpus"] == 1), None)
-    print(f"\n{args.model} random-init, {args.size}x{args.height or args.size}" + (f"x{frames}" if shape.video else "") +
+    print(f"\n{args.model}{f' ({args.blocks} blocks per list)' if args.blocks else ''} random-init, {args.size}x{args.height or args.size}" + (f"x{frames}" if shape.video else "") +
           f", LoRA r32 all block linears, bf16, checkpointing {'on' if args.checkpointing else 'off'}, "
           f"{args.samples} samples per step")
     print("| run | GPUs | stages | gas | s/step | samples/s | speed-up vs 1 GPU | ideal | % of ideal | peak GiB | "
