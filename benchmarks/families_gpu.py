@@ -13,8 +13,9 @@ blocks per block list (model_shapes.shallow; 0 = full depth; families whose dept
 detection does not read from the file run at full depth), then, in its own process:
   - loads it with the engine (engine.model_loading.load_base_model: ComfyUI's loader and detection)
     and checks the detected class is the shape's family;
-  - injects a LoRA (rank 32, the default `attention` preset) and trains --steps AdamW steps on one
-    fixed sample, noise and timestep (model_shapes.sample_cond): the loss must fall;
+  - injects a LoRA (rank 32, the default `attention` preset) and trains --steps AdamW steps at --lr on
+    one fixed sample, noise and timestep (model_shapes.sample_cond): the loss must fall; then
+    --boost-steps more at --boost-lr (a LoRA effect well above bf16 rounding for the next check);
   - saves the LoRA with the engine's save path, loads it into a second copy of the base through
     comfy.sd.load_lora_for_models, and compares the denoised output at the fixed sample: no LoRA key
     left unloaded, the LoRA changes the output, and ComfyUI's patched model gives the trained
@@ -64,7 +65,7 @@ def child(job: dict) -> dict:
     lora = LoraSpec(rank=32)
     cfg = RunConfig(run_name="families", run_dir=job["work"], comfyui_root=os.environ["COMFYUI_PATH"],
                     model_path=job["model_path"], cache_dir=job["work"], lora=lora, memory=MemorySpec(),
-                    train=TrainSpec(steps=job["steps"], learning_rate=job["lr"], batch_size=1, seed=0))
+                    train=TrainSpec(steps=job["steps"] + job["boost_steps"], learning_rate=job["lr"], batch_size=1, seed=0))
     t0 = time.time()
     model = load_base_model(cfg, device)
     model.model_sampling.to(device)
@@ -79,7 +80,12 @@ def child(job: dict) -> dict:
     conds = [sample_cond(shape, device=str(device), size=size, frames=frames)]
     setup_s = time.time() - t0
     losses, times = [], []
-    for _ in range(job["steps"]):  # sample id 0: the same noise and timestep every step
+    # --steps at --lr: the loss on the fixed sample must fall; then --boost-steps at --boost-lr, so that the
+    # LoRA's effect on the output stands well above bf16 rounding for the loader check below
+    schedule = [job["lr"]] * job["steps"] + [job["boost_lr"]] * job["boost_steps"]
+    for i, lr in enumerate(schedule):  # sample id 0: the same noise and timestep every step
+        for group in optimizer.param_groups:
+            group["lr"] = lr
         if cuda:
             torch.cuda.synchronize()
         started = time.time()
@@ -87,7 +93,8 @@ def child(job: dict) -> dict:
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
-        losses.append(float(loss.item()))
+        if i < job["steps"]:
+            losses.append(float(loss.item()))
         if cuda:
             torch.cuda.synchronize()
         times.append(time.time() - started)
@@ -171,8 +178,10 @@ def main() -> int:
     parser.add_argument("--families", default="", help="comma list of benchmarks/model_shapes.py shapes (default: "
                                                        "one per family, FAMILY_SHAPES)")
     parser.add_argument("--blocks", type=int, default=2, help="blocks per block list (0 = the released depth)")
-    parser.add_argument("--steps", type=int, default=6)
-    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--steps", type=int, default=6, help="steps whose loss on the fixed sample must fall")
+    parser.add_argument("--lr", type=float, default=1e-4)
+    parser.add_argument("--boost-steps", type=int, default=4, help="more steps before the LoRA loader check")
+    parser.add_argument("--boost-lr", type=float, default=1e-3)
     parser.add_argument("--child-timeout", type=int, default=600)
     parser.add_argument("--keep-files", action="store_true", help="keep the random model files (default: delete)")
     parser.add_argument("--tiny", action="store_true", help="CPU dry run on the tiny Wan shape")
@@ -206,7 +215,7 @@ def main() -> int:
         started = time.time()
         params = write_random(shape, path)
         job = {"shape": name, "blocks": blocks, "work": str(work), "model_path": str(path), "params": params,
-               "steps": args.steps, "lr": args.lr}
+               "steps": args.steps, "lr": args.lr, "boost_steps": args.boost_steps, "boost_lr": args.boost_lr}
         row = run_child(job, args.child_timeout)
         row["wall_s"] = round(time.time() - started, 1)
         rows.append(row)

@@ -265,20 +265,26 @@ def param_count(shape: Shape) -> int:
 def write_random(shape: Shape, path: str | Path, seed: int = 0) -> int:
     """Write a bf16 random-init diffusion-model file ComfyUI detects as `shape`; returns the parameter count.
 
-    Matrices ~ N(0, 0.02), norm scales 1, other vectors 0. Drawn on the GPU when there is one (a 12B
-    model takes minutes to draw on a CPU).
+    Matrices ~ N(0, 0.02), norm scales 1, other vectors 0. Norm scales are the weights of normalisation
+    modules, also those not named "norm" (the UNets' GroupNorms are `in_layers.0`, `out.0`, ...: a zero
+    scale there makes the output a constant and every LoRA gradient zero). Drawn on the GPU when there
+    is one (a 12B model takes minutes to draw on a CPU).
     """
     import torch
     from safetensors.torch import save_file
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     gen = torch.Generator(device=device).manual_seed(seed)
+    model = build(shape).diffusion_model
+    norms = (torch.nn.LayerNorm, torch.nn.GroupNorm, torch.nn.RMSNorm)
+    scales = {f"{m}.weight" for m, mod in model.named_modules() if isinstance(mod, norms)}
     state, count = {}, 0
-    for name, p in build(shape).diffusion_model.state_dict().items():
+    for name, p in model.state_dict().items():
         if p.ndim >= 2:
             t = torch.randn(p.shape, generator=gen, device=device, dtype=torch.bfloat16).mul_(0.02)
         else:
-            t = (torch.ones if "norm" in name else torch.zeros)(p.shape, dtype=torch.bfloat16, device=device)
+            scale = name in scales or "norm" in name
+            t = (torch.ones if scale else torch.zeros)(p.shape, dtype=torch.bfloat16, device=device)
         state[name] = t.cpu()
         count += t.numel()
     tmp = Path(f"{path}.tmp")
