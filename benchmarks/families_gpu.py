@@ -40,6 +40,8 @@ GIB = 1024**3
 FAMILY_SHAPES = ("sdxl", "flux_dev", "flux_kontext", "chroma", "sd35_large", "auraflow", "lumina2", "z_image",
                  "hidream_i1_full", "qwen_image", "qwen_image_edit", "hunyuan_image21", "omnigen2", "cosmos_predict2_2b",
                  "flux2_dev", "ltxv_2b", "hunyuan_video", "hunyuan_video15", "cosmos1_7b_t2v", "wan21_14b", "wan22_5b")
+# and the image-to-video modes (start frame in each first_frame_style, CLIP vision tokens)
+FAMILY_SHAPES += ("wan21_i2v_14b", "wan22_5b_ti2v", "ltxv_2b_i2v", "hunyuan_video15_i2v")
 IMAGE_SIZE, VIDEO_SIZE, VIDEO_FRAMES = 512, 256, 17
 
 

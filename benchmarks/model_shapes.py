@@ -19,7 +19,7 @@ build() and load the file's tensors into it instead of going through comfy.sd.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +41,8 @@ class Shape:
     cond_tensors: dict[str, tuple[int, ...]] = field(default_factory=dict)  # other tensor extras, cache form
     attention_mask: bool = False  # the text encoder returns a token mask (kept in the cache as [T] ones)
     reference_latents: int = 0  # reference images (edit models), each a raw latent of the sample's size
+    first_frame: str = ""  # image-to-video: the start frame as CacheLatents' first_frame_style stores it
+    clip_vision: tuple = ()  # (clip_vision_output field, tokens, width) the image-to-video model reads
 
     def latent(self, size: int, frames: int = 1, height: int = 0) -> tuple[int, ...]:
         """Raw VAE latent of one sample (before process_latent_in, batch dim removed) at width `size` x
@@ -207,6 +209,17 @@ SHAPES: dict[str, Shape] = {
                               text_tokens=8, text_dim=4096, video=True),
 }
 
+# Image-to-video variants: the same networks with the start frame (and CLIP vision tokens) they read.
+_I2V_14B = dict(SHAPES["wan21_14b"].config, model_type="i2v", in_dim=36)  # + the image embedder (img_emb)
+SHAPES.update({
+    "wan21_i2v_14b": replace(SHAPES["wan21_14b"], family="WAN21_I2V", config=_I2V_14B, first_frame="wan_concat",
+                             clip_vision=("penultimate_hidden_states", 257, 1280)),  # CLIP ViT-H/14 at 224
+    "wan22_5b_ti2v": replace(SHAPES["wan22_5b"], first_frame="clean_first_frame"),
+    "ltxv_2b_i2v": replace(SHAPES["ltxv_2b"], first_frame="clean_first_frame"),
+    "hunyuan_video15_i2v": replace(SHAPES["hunyuan_video15"], first_frame="start_frame_concat",
+                                   clip_vision=("last_hidden_state", 729, 1152)),  # SigLIP so400m at 384
+})
+
 
 # Families whose detection does not count blocks (it derives the count from a width, or fixes it), so a
 # file of a shallow() shape loads at the released depth, its extra blocks missing from the file: SD3
@@ -218,8 +231,6 @@ def shallow(shape: Shape, blocks: int = 2) -> Shape:
     """`shape` with every block count (depth_keys) cut to min(count, blocks), widths unchanged: the released
     layers at a depth a GPU check can afford. Keys that depend on the count follow it (AuraFlow's n_layers
     counts the double layers too; HiDream's llama_layers names one Llama layer per block)."""
-    from dataclasses import replace
-
     cfg = dict(shape.config)
     if shape.family == "AuraFlow":
         double, single = cfg["n_double_layers"], cfg["n_layers"] - cfg["n_double_layers"]
@@ -314,6 +325,20 @@ def sample_cond(shape: Shape, device: str = "cpu", seed: int = 0, size: int = 10
         extras["attention_mask"] = torch.ones(shape.text_tokens, dtype=torch.long, device=device)
     for i in range(shape.reference_latents):
         extras[f"reference_latents.{i}"] = torch.randn(shape.latent(size, frames, height), generator=gen).to(device)
+    if shape.first_frame:  # the keys engine/first_frame.py stores, with a random start-frame latent
+        latent = shape.latent(size, frames, height)
+        mask = torch.ones((1, *latent[1:]))
+        mask[:, :1] = 0.0  # the first latent frame is the given one
+        if shape.first_frame == "clean_first_frame":
+            extras["denoise_mask"] = mask.to(device)
+        else:
+            concat = torch.randn(latent, generator=gen)
+            if shape.first_frame == "start_frame_concat":
+                concat[:, 1:] = 0.0
+            extras["concat_latent_image"], extras["concat_mask"] = concat.to(device), mask.to(device)
+    if shape.clip_vision:
+        name, tokens, width = shape.clip_vision
+        extras[f"clip_vision_output.{name}"] = torch.randn((tokens, width), generator=gen).to(device)
     return {"cross_attn": cross, "extras": extras}
 
 
