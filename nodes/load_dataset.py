@@ -67,7 +67,8 @@ _CONTROL_TOOLTIP = (
     "(relative to ComfyUI's input folder, or absolute). The control image of a.png is the image named a (any "
     "extension) in this folder; the dataset image is the edit result the model learns to produce from it. Control "
     "images are cropped and resized to their image's training size and cached as the reference latent ComfyUI's "
-    "ReferenceLatent node gives the model. Images without a readable control image are skipped and listed. "
+    "ReferenceLatent node gives the model (Cache Latents' control_style picks another way, e.g. for HiDream E1). "
+    "Images without a readable control image are skipped and listed. "
     "Leave empty for ordinary (non-edit) training.")
 
 
