@@ -4,7 +4,8 @@ The pack's LoadDataset/CacheLatents node functions with the tiny ComfyUI VAE + C
 control image's VAE latent as ComfyUI's ReferenceLatent node gives it (`reference_latents`),
 cropped to its target's bucket; a tiny Flux Kontext (ComfyUI's own class) receives it through the
 engine's collate/objective and its loss depends on it; bad or missing control images are listed
-by name and counted, and their images skipped.
+by name and counted, and their images skipped. With CacheLatents' control_style concat_latent_image
+the control latent is what InstructPixToPixConditioning gives (HiDream E1's edit input).
 """
 from __future__ import annotations
 

@@ -17,6 +17,9 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 
 import model_shapes as ms  # noqa: E402
+from pack import load_pack  # noqa: E402
+
+load_pack()
 
 NEW = ["chroma", "flux_kontext", "sd35_large", "auraflow", "lumina2", "z_image", "hidream_i1_full", "qwen_image_edit",
        "hunyuan_image21", "omnigen2", "cosmos_predict2_2b", "flux2_dev", "ltxv_2b", "hunyuan_video",
@@ -152,10 +155,12 @@ def test_a_shallow_model_trains_a_step_on_cpu(comfy, name):
     keys and latent layout fit the model, and a LoRA on it gets gradients."""
     import torch
     from family_configs import init_weights
-    from engine.config import LoraSpec
-    from engine.lora import inject_lora, lora_parameters
-    from engine.objective import DiffusionObjective
-    from engine.patches import ensure_patched
+    # the pack's engine (as every engine test imports it): engine/patches.py keeps which ComfyUI functions
+    # it replaced, and a second copy of the module (imported as `engine`) would take those for upstream changes
+    from PipeTrain.engine.config import LoraSpec
+    from PipeTrain.engine.lora import inject_lora, lora_parameters
+    from PipeTrain.engine.objective import DiffusionObjective
+    from PipeTrain.engine.patches import ensure_patched
 
     shape = ms.shallow(ms.SHAPES[name], 1)
     size, frames = (128, 9) if shape.spatial == 32 else (64, 5)
