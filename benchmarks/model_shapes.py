@@ -254,13 +254,11 @@ def build(shape: Shape, device: str = "meta"):
 
 def detect(state_dict: dict) -> tuple[str, dict] | None:
     """(supported-model class name, unet_config) that ComfyUI's detection (the steps of
-    comfy.sd.load_diffusion_model_state_dict) picks for a diffusion-model state dict; meta tensors do."""
-    import comfy.model_detection as md
-    import comfy.utils
+    comfy.sd.load_diffusion_model_state_dict) picks for a diffusion-model state dict; meta tensors do.
+    The pack's own header check (nodes/preflight.py) runs the same steps before every launch."""
+    from PipeTrain.nodes.preflight import model_config
 
-    prefix = md.unet_prefix_from_state_dict(state_dict)
-    sd = comfy.utils.state_dict_prefix_replace(state_dict, {prefix: ""}, filter_keys=True) or state_dict
-    config = md.model_config_from_unet(sd, "")
+    config, _, _ = model_config(state_dict)
     return None if config is None else (type(config).__name__, dict(config.unet_config))
 
 

@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from .cache_items import CONTROL_STYLES
 from .first_frame import DEFAULT_STYLE
 
 SAMPLED_TENSORS = 16
@@ -140,6 +141,6 @@ def cache_identity(vae: Any, clip: Any, options: Any = None) -> dict[str, Any]:
             identity["first_frame_style"] = options.first_frame
     if options.clip_vision is not None:  # and so does one with each item's CLIP-vision encoding
         identity["clip_vision"] = clip_vision_identity(options.clip_vision, options.clip_vision_crop)
-    if options.control_style != "reference_latents":  # control images stored under another key
+    if options.control_style != CONTROL_STYLES[0]:  # control images stored under another key
         identity["control_style"] = options.control_style
     return identity

@@ -77,6 +77,24 @@ def _meta_state_dict(path: str) -> tuple[dict, dict]:
     return sd, metadata
 
 
+def model_config(sd: dict, metadata: dict | None = None) -> tuple:
+    """(config, unet state dict, native) as ComfyUI's loader detects a diffusion-model state dict (meta
+    tensors do): its supported_models config or None, the state dict without the model's key prefix,
+    and whether it was read in its own layout (False: a diffusers layout converted for detection)."""
+    import comfy.model_detection as md
+    import comfy.utils
+
+    prefix = md.unet_prefix_from_state_dict(sd)
+    unet = comfy.utils.state_dict_prefix_replace(sd, {prefix: ""}, filter_keys=True) or sd
+    config = md.model_config_from_unet(unet, "", metadata=metadata)
+    if config is not None:
+        return config, unet, True
+    converted = md.convert_diffusers_mmdit(unet, "")
+    config = (md.model_config_from_unet(converted, "") if converted is not None
+              else md.model_config_from_diffusers_unet(unet))
+    return config, unet, False
+
+
 def detect(path: str) -> Detected | None:
     """ComfyUI's detection (the steps of comfy.sd.load_diffusion_model) on the header; None = not decidable
     here. Raises NotADiffusionModel when ComfyUI would refuse the file."""
@@ -84,17 +102,9 @@ def detect(path: str) -> Detected | None:
         return None
     try:
         import comfy.model_detection as md
-        import comfy.utils
 
         sd, metadata = _meta_state_dict(path)
-        prefix = md.unet_prefix_from_state_dict(sd)
-        unet = comfy.utils.state_dict_prefix_replace(sd, {prefix: ""}, filter_keys=True) or sd
-        config = md.model_config_from_unet(unet, "", metadata=metadata)
-        native = config is not None
-        if config is None:
-            converted = md.convert_diffusers_mmdit(unet, "")
-            config = (md.model_config_from_unet(converted, "") if converted is not None
-                      else md.model_config_from_diffusers_unet(unet))
+        config, unet, native = model_config(sd, metadata)
         if config is None:
             hint = getattr(md, "model_detection_error_hint", None)
             detail = hint(path, sd) if hint is not None else ""
