@@ -61,6 +61,7 @@ def child(job: dict) -> dict:
     from PipeTrain.engine.lora import inject_lora, lora_parameters, lora_state_dict, lora_tensors, save_lora
     from PipeTrain.engine.model_loading import load_base_model
     from PipeTrain.engine.objective import DiffusionObjective, transformer_options
+    from PipeTrain.engine.patches import make_trainable
 
     device = torch.device("cuda", 0) if cuda else torch.device("cpu")
     shape = SHAPES[job["shape"]]  # only its conditioning and latent geometry, the same at any depth
@@ -72,14 +73,17 @@ def child(job: dict) -> dict:
     model = load_base_model(cfg, device)
     model.model_sampling.to(device)
     detected = type(model.model_config).__name__
-    torch.manual_seed(0)
-    targets = inject_lora(model.diffusion_model, lora)
     objective = DiffusionObjective(model, seed=0)
-    optimizer = torch.optim.AdamW(lora_parameters(model.diffusion_model), lr=job["lr"], weight_decay=0.0)
     size, frames = (VIDEO_SIZE, VIDEO_FRAMES) if shape.video else (IMAGE_SIZE, 1)
     gen = torch.Generator().manual_seed(0)
     latents = torch.randn((1, *shape.latent(size, frames)), generator=gen).to(device)
     conds = [sample_cond(shape, device=str(device), size=size, frames=frames)]
+    probed = time.time()  # the engine's block probe, as engine/train.py runs it after loading
+    forwards = make_trainable(model.diffusion_model, lambda: objective(latents, conds, [0]), device=device)
+    probe_s = time.time() - probed
+    torch.manual_seed(0)
+    targets = inject_lora(model.diffusion_model, lora)
+    optimizer = torch.optim.AdamW(lora_parameters(model.diffusion_model), lr=job["lr"], weight_decay=0.0)
     setup_s = time.time() - t0
     losses, times = [], []
     # --steps at --lr: the loss on the fixed sample must fall; then --boost-steps at --boost-lr, so that the
@@ -141,6 +145,7 @@ def child(job: dict) -> dict:
     return {"shape": job["shape"], "family": shape.family, "detected": detected, "blocks": job["blocks"],
             "params_m": job["params"] / 1e6, "lora_targets": len(targets), "losses": losses,
             "s_per_step": sum(times[1:]) / max(1, len(times) - 1), "peak_alloc_gib": peak, "setup_s": round(setup_s, 1),
+            "probe_s": round(probe_s, 2), "forwards": sorted({v for v in forwards.values()}),
             "unloaded": unloaded[:3], "lora_effect": effect, "lora_mismatch": mismatch,
             "ok": (detected == shape.family and all(l == l for l in losses) and losses[-1] < losses[0]
                    and not unloaded and effect > 0 and mismatch < 0.5 * effect)}
@@ -163,14 +168,15 @@ def run_child(job: dict, timeout: int) -> dict:
 
 def table(rows: list[dict]) -> str:
     out = ["| shape | ComfyUI class (detected) | blocks per list | params (M) | LoRA layers | loss first -> last | s/step | "
-           "peak GiB | LoRA effect / mismatch | ok |", "|---|---|---|---|---|---|---|---|---|---|"]
+           "peak GiB | LoRA effect / mismatch | block forwards (probe s) | ok |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if "error" in r:
-            out.append(f"| {r['shape']} | error: {r['error']} | | | | | | | | no |")
+            out.append(f"| {r['shape']} | error: {r['error']} | | | | | | | | | no |")
             continue
         out.append(f"| {r['shape']} | {r['detected']} | {r['blocks'] or 'all'} | {r['params_m']:.0f} | {r['lora_targets']} | "
                    f"{r['losses'][0]:.4f} -> {r['losses'][-1]:.4f} | {r['s_per_step']:.3f} | {r['peak_alloc_gib']:.1f} | "
-                   f"{r['lora_effect']:.2e} / {r['lora_mismatch']:.2e} | {'yes' if r['ok'] else 'NO'} |")
+                   f"{r['lora_effect']:.2e} / {r['lora_mismatch']:.2e} | {', '.join(r['forwards'])} ({r['probe_s']:.2f}) | "
+                   f"{'yes' if r['ok'] else 'NO'} |")
     return "\n".join(out)
 
 

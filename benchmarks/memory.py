@@ -66,6 +66,7 @@ def child(job: dict) -> dict:
     from PipeTrain.engine.model_loading import load_base_model
     from PipeTrain.engine.objective import DiffusionObjective
     from PipeTrain.engine.optim import build_optimizer, build_scheduler
+    from PipeTrain.engine.patches import make_trainable
     from PipeTrain.engine.plain_trainer import PlainTrainer
     from model_shapes import sample_cond
 
@@ -81,6 +82,12 @@ def child(job: dict) -> dict:
     t0 = time.time()
     model = load_base_model(cfg, device)
     model.model_sampling.to(device)
+    res = RESOLUTION[job["model"]]
+    gen = torch.Generator().manual_seed(0)
+    latents = torch.randn((1, *shape.latent(res["size"], res["frames"])), generator=gen).to(device)
+    cond = sample_cond(shape, device=str(device))
+    probe = DiffusionObjective(model, seed=0)  # the engine's block probe (engine/train.py), on the run's sample
+    make_trainable(model.diffusion_model, lambda: probe(latents, [cond], [0]), device=device)
     torch.manual_seed(0)
     inject_lora(model.diffusion_model, cfg.lora)
     if compile_now:  # compile first (innermost), with the chosen backend
@@ -92,10 +99,6 @@ def child(job: dict) -> dict:
     params = lora_parameters(model.diffusion_model)
     optimizer = build_optimizer("adamw", params, train)
     trainer = PlainTrainer(objective, optimizer, build_scheduler(optimizer, train, 100), grad_accum=1, grad_clip=1.0)
-    res = RESOLUTION[job["model"]]
-    gen = torch.Generator().manual_seed(0)
-    latents = torch.randn((1, *shape.latent(res["size"], res["frames"])), generator=gen).to(device)
-    cond = sample_cond(shape, device=str(device))
     setup_s = time.time() - t0
     times, losses = [], []
 

@@ -24,12 +24,20 @@ def import_comfy(comfyui_root: str, force_cpu: bool | None = None, pytorch_atten
     # same-named folder of the working directory (PipeTrain has a `nodes/` package).
     sys.path.insert(0, root)
     import torch
-    import comfy.cli_args
 
-    if force_cpu is None:
-        force_cpu = not torch.cuda.is_available()
-    comfy.cli_args.args.cpu = bool(force_cpu)
-    comfy.cli_args.args.disable_smart_memory = True
-    if pytorch_attention:
-        comfy.cli_args.args.use_pytorch_cross_attention = True
-    import comfy.model_management  # noqa: F401  (reads the flags above once)
+    try:
+        import comfy.cli_args
+
+        if force_cpu is None:
+            force_cpu = not torch.cuda.is_available()
+        comfy.cli_args.args.cpu = bool(force_cpu)
+        comfy.cli_args.args.disable_smart_memory = True
+        if pytorch_attention:
+            comfy.cli_args.args.use_pytorch_cross_attention = True
+        import comfy.model_management  # noqa: F401  (reads the flags above once)
+    except ModuleNotFoundError as e:  # newer ComfyUI imports comfy-aimdo / comfy-kitchen at import time
+        if e.name and e.name.split(".")[0] not in ("comfy", "comfy_extras"):
+            raise ImportError(f"ComfyUI at {root} needs the Python package '{e.name}', which this Python "
+                              f"({sys.executable}) does not have: install ComfyUI's requirements into it "
+                              f"(python -m pip install -r {os.path.join(root, 'requirements.txt')}).") from e
+        raise

@@ -76,7 +76,12 @@ def steps_for_epochs(epochs: float, samples_per_epoch: int, samples_per_step: in
 
 def collate(dataset, stream: SampleStream, positions: list[int], device: torch.device) -> tuple[torch.Tensor, list[dict[str, Any]], list[int]]:
     """Load the samples at these stream positions: (latents [B,...], conds, sample ids)."""
-    items = [dataset[stream.item_at(p)] for p in positions]
+    latents, conds = batch_items([dataset[stream.item_at(p)] for p in positions], device)
+    return latents, conds, positions
+
+
+def batch_items(items: list[dict[str, Any]], device: torch.device) -> tuple[torch.Tensor, list[dict[str, Any]]]:
+    """Cached items (CachedDataset's dicts) as the objective takes them: (latents [B,...], conds)."""
     shapes = {tuple(it["latent"].shape) for it in items}
     if len(shapes) > 1:  # SampleStream keeps buckets apart; this means the stream was built without them
         raise ValueError(f"latents of different sizes {sorted(shapes)} in one batch: build SampleStream with the "
@@ -89,4 +94,4 @@ def collate(dataset, stream: SampleStream, positions: list[int], device: torch.d
     for cond, it in zip(conds, items):
         if it.get("loss_mask") is not None:  # the mask_folder's weights (objective.loss_mask)
             cond["loss_mask"] = it["loss_mask"].to(device)
-    return latents, conds, positions
+    return latents, conds

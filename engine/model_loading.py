@@ -22,32 +22,41 @@ def load_base_model(cfg: RunConfig, device: torch.device) -> nn.Module:
     (it strips the checkpoint's prefix), and picks the class with ComfyUI's model detection. A
     ComfyUI-quantized file (fp8_scaled: a `scaled_fp8` marker tensor) loads with ComfyUI's scaled
     fp8 ops as it is, whatever base_dtype says for the rest. With block swap the model stays on the
-    CPU: engine/memory.py moves all but the swapped blocks' weights.
+    CPU: engine/memory.py moves all but the swapped blocks' weights. The caller then makes the
+    blocks trainable (engine.patches.make_trainable) before LoRA and memory options wrap them.
     """
+    import inspect
+
     import comfy.sd
 
     options = {}
     if cfg.memory.base_dtype != "auto":
         options["dtype"] = _DTYPES[cfg.memory.base_dtype]
     try:
-        patcher = comfy.sd.load_diffusion_model(cfg.model_path, model_options=options)
+        # Real, assigned tensors in a training process: newer ComfyUI can hand out a dynamic-VRAM
+        # patcher, which PipeTrain's own placement (block swap, DeepSpeed) must not meet.
+        dynamic = {"disable_dynamic": True} if "disable_dynamic" in inspect.signature(
+            comfy.sd.load_diffusion_model).parameters else {}
+        patcher = comfy.sd.load_diffusion_model(cfg.model_path, model_options=options, **dynamic)
     except RuntimeError as e:
         raise ModelLoadError(
             f"ComfyUI does not recognise {cfg.model_path} as a diffusion model ({str(e).splitlines()[0]}). "
             "Pick a diffusion model or checkpoint that ComfyUI's own loaders can load.") from e
     model = patcher.model
-    if options.get("dtype") in FP8 and getattr(model.model_config, "scaled_fp8", None) is None:
+    if options.get("dtype") in FP8 and not is_quantized_file(model):
         keep_high_precision(model, cfg.model_path)
-    # Out-of-place block forwards for the families whose blocks update the residual in place
-    # (Flux family, Hunyuan, LTXV): without them LoRA backward fails. Must precede checkpointing.
-    from .patches import ensure_patched
-
-    ensure_patched(model.diffusion_model)
     model.requires_grad_(False)
     if cfg.memory.block_swap == 0:
         model.to(device)
     model.train()
     return model
+
+
+def is_quantized_file(model: nn.Module) -> bool:
+    """Whether ComfyUI loaded the file as a quantized one (fp8_scaled and the like): 0.3.x marks it
+    with model_config.scaled_fp8, 0.33 and later with model_config.quant_config."""
+    config = model.model_config
+    return getattr(config, "scaled_fp8", None) is not None or bool(getattr(config, "quant_config", None))
 
 
 def fp8_weight_names(diffusion_model: nn.Module) -> set[str]:

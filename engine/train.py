@@ -23,6 +23,7 @@ from .version import __version__
 
 CANCEL_FILE = "cancel"  # the node (or a user) creates <run_dir>/cancel to stop the run cleanly
 KEEP_CHECKPOINTS = 2
+BLOCK_VERDICTS = ".block-verdicts.json"  # beside the run folders: engine/patches caches its probe verdicts there
 
 
 class _StopFlag:
@@ -74,6 +75,8 @@ def train(cfg: RunConfig, device: torch.device, events: EventLog) -> int:
     from .model_loading import ModelLoadError, latent_channels, load_base_model
     from .objective import DiffusionObjective, apply_timestep_shift
     from .optim import build_optimizer, build_scheduler
+    from .patches import make_trainable
+    from .probe_batch import probe_forward
 
     run_dir = Path(cfg.run_dir)
     rank, world = dist.rank(), dist.world_size()
@@ -100,6 +103,11 @@ def train(cfg: RunConfig, device: torch.device, events: EventLog) -> int:
         raise ModelLoadError(
             f"the cache holds {cache_channels}-channel latents but {os.path.basename(cfg.model_path)} expects "
             f"{latent_channels(model)}: cache the dataset with this model's VAE.")
+    # ComfyUI's training flag, and out-of-place block forwards only where the probe finds upstream's
+    # in place (engine/patches): before LoRA and the memory options wrap the blocks.
+    run_forward, context = probe_forward(DiffusionObjective(model, seed=t.seed), dataset, device)
+    make_trainable(model.diffusion_model, run_forward, device=device, context=context,
+                   cache_file=run_dir.parent / BLOCK_VERDICTS)
     torch.manual_seed(t.seed)  # peft draws lora_A's initial values from the global RNG
     targets = inject_lora(model.diffusion_model, cfg.lora)
     # Checkpointing, block swap, compile; places the model on the device unless pipelined.
@@ -112,7 +120,8 @@ def train(cfg: RunConfig, device: torch.device, events: EventLog) -> int:
         lora_names = {id(p): n for n, p in model.diffusion_model.named_parameters() if ".lora_" in n}
         engine, adapter = pipeline.build_engine(cfg, model, objective,
                                                 lambda ps: build_optimizer(cfg.memory.optimizer, ps, t),
-                                                lambda opt: build_scheduler(opt, t, total_steps))
+                                                lambda opt: build_scheduler(opt, t, total_steps),
+                                                dataset=dataset, device=device)  # checked against apply_model
         scheduler = engine.lr_scheduler
         params = [p for p in engine.module.parameters() if p.requires_grad]
     else:

@@ -76,11 +76,17 @@ def raise_if_interrupted() -> None:
 
 
 def free_accelerator_memory() -> None:
-    """Unload what ComfyUI holds in VRAM so the training ranks get the GPUs."""
-    import comfy.model_management
+    """Unload what ComfyUI holds in VRAM so the training ranks get the GPUs.
 
-    comfy.model_management.unload_all_models()
-    comfy.model_management.soft_empty_cache(True)
+    ComfyUI 0.33 and later also keep per-stream cast buffers (and, with dynamic VRAM, their
+    reservations) until a node finishes; they are dropped here too where the host has them."""
+    import comfy.model_management as mm
+
+    mm.unload_all_models()
+    reset = getattr(mm, "reset_cast_buffers", None)
+    if reset is not None:
+        reset()
+    mm.soft_empty_cache(True)
 
 
 def cuda_available() -> bool:

@@ -101,12 +101,12 @@ def detect(path: str) -> Detected | None:
     if not path.lower().endswith(".safetensors"):
         return None
     try:
-        import comfy.model_detection as md
+        import comfy.sd
 
         sd, metadata = _meta_state_dict(path)
         config, unet, native = model_config(sd, metadata)
         if config is None:
-            hint = getattr(md, "model_detection_error_hint", None)
+            hint = getattr(comfy.sd, "model_detection_error_hint", None)  # ComfyUI's own hint, where it has one
             detail = hint(path, sd) if hint is not None else ""
             raise NotADiffusionModel(str(detail or "").strip())
         widths = _widths(config.process_unet_state_dict(dict(unet))) if native else {}

@@ -1,5 +1,5 @@
 """One harness for every family in tests/family_configs.py, on the engine's own code path:
-engine.patches.ensure_patched, engine.lora.inject_lora (default target preset),
+engine.patches.make_trainable, engine.lora.inject_lora (default target preset),
 engine.objective.DiffusionObjective, engine.blocks, and the engine's LoRA save; then the saved
 file through ComfyUI's own LoRA loader (comfy.sd.load_lora_for_models).
 """
@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 
 import family_configs as fc
+from trainable import make_trainable
 
 STEPS = 5
 LR = 5e-3
@@ -87,18 +88,17 @@ def run_family(family: fc.Family, tmp: Path) -> Result:
     from PipeTrain.engine.config import LoraSpec
     from PipeTrain.engine.lora import inject_lora, lora_parameters, lora_state_dict, lora_tensors, save_lora
     from PipeTrain.engine.objective import DiffusionObjective
-    from PipeTrain.engine.patches import ensure_patched
 
     torch.manual_seed(0)
     model = fc.build(family)
     dm = model.diffusion_model
-    ensure_patched(dm)
+    latents, conds = fc.batch(family)
+    make_trainable(model, latents, conds, **family.train)  # as engine/train.py does after loading
     spec = LoraSpec(rank=4)  # default target preset
     targets = inject_lora(dm, spec)
     n_blocks = len(blocks(dm))
     roots = block_roots(dm)
     objective = DiffusionObjective(model, seed=0, **family.train)
-    latents, conds = fc.batch(family)
     opt = torch.optim.Adam(lora_parameters(dm), lr=LR)
     losses, sigmas = [], []
     for _ in range(STEPS):  # a fixed batch: sample id 0 draws the same noise and timestep each step

@@ -22,18 +22,18 @@ def _grads(dropout: float, checkpointing: bool, seed: int = 11):
     from PipeTrain.engine.checkpointing import draws_random_numbers, enable_checkpointing
     from PipeTrain.engine.lora import inject_lora
     from PipeTrain.engine.objective import DiffusionObjective, transformer_options
-    from PipeTrain.engine.patches import ensure_patched
+    from trainable import make_trainable
 
     torch.manual_seed(0)  # LoRA A's initial values
     model = tiny_flux.build_base_model()
-    ensure_patched(model.diffusion_model)
+    latents, conds = tiny_flux.conds(2)
+    make_trainable(model, latents, conds)
     inject_lora(model.diffusion_model, LoraSpec(rank=4, targets="all_linear", dropout=dropout))
     model.train()
     assert all(draws_random_numbers(b) == (dropout > 0) for b in blocks(model.diffusion_model))
     lora = trainable_lora(model)
     if checkpointing:
         enable_checkpointing(model.diffusion_model, "on")
-    latents, conds = tiny_flux.conds(2)
     prepared = DiffusionObjective(model, seed=3).prepare(latents, conds, [0, 1])
     torch.manual_seed(seed)  # the dropout masks
     return loss_and_lora_grads(model, prepared, lora, lambda: model.apply_model(

@@ -1,4 +1,4 @@
-"""engine/patches_guard.py: a block that writes into its input stops training with an error naming
+"""engine/patches/guard.py: a block that writes into its input stops training with an error naming
 the block, before any gradient is computed (the safety net for blocks PipeTrain has no
 out-of-place copy of, e.g. a newer ComfyUI's)."""
 import pytest
@@ -6,6 +6,8 @@ import torch
 from torch import nn
 
 import family_configs as fc
+
+pytestmark = pytest.mark.core
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +43,7 @@ class _Model(nn.Module):
 
 
 def test_unknown_inplace_block_is_named():
-    from PipeTrain.engine.patches_guard import InPlaceBlockError, guard_blocks
+    from PipeTrain.engine.patches.guard import InPlaceBlockError, guard_blocks
 
     model = _Model(_InPlaceBlock())
     assert guard_blocks(model) == 2
@@ -50,7 +52,7 @@ def test_unknown_inplace_block_is_named():
 
 
 def test_out_of_place_block_passes_and_hooks_go_away():
-    from PipeTrain.engine.patches_guard import guard_blocks
+    from PipeTrain.engine.patches.guard import guard_blocks
 
     model = _Model(_plain())
     guard_blocks(model)
@@ -60,20 +62,20 @@ def test_out_of_place_block_passes_and_hooks_go_away():
 
 @pytest.mark.parametrize("name", ["flux", "ltxv", "hunyuan_video"])
 def test_comfyui_inplace_blocks_without_patch_are_caught(comfy, name):
-    """ComfyUI 0.3.75's own in-place blocks with PipeTrain's copies taken out: the guard reports them."""
-    from PipeTrain.engine import patches
+    """ComfyUI's own in-place blocks with none of PipeTrain's forwards installed: the guard reports them."""
     from PipeTrain.engine.objective import DiffusionObjective
-    from PipeTrain.engine.patches_guard import InPlaceBlockError, guard_blocks
+    from PipeTrain.engine.patches import fixes
+    from PipeTrain.engine.patches.guard import InPlaceBlockError, guard_blocks
 
     family = next(f for f in fc.FAMILIES if f.name == name)
     model = fc.build(family)
-    was = patches.installed()
-    patches.uninstall()
+    was = fixes.active()
+    fixes.uninstall_all()
     try:
         guard_blocks(model.diffusion_model)
         latents, conds = fc.batch(family)
         with pytest.raises(InPlaceBlockError, match="updated an input tensor"):
             DiffusionObjective(model, seed=0)(latents, conds, [0])
     finally:
-        if was:
-            patches.install(strict=True)
+        for fix in was:
+            fixes.install(fix)

@@ -117,18 +117,18 @@ def test_each_style_trains_the_family_that_reads_it(encoders, tmp_path, style, f
     noise mask keeps it, the model takes what the style stores, and the loss backpropagates."""
     import comfy.supported_models
     from PipeTrain.engine.objective import DiffusionObjective
-    from PipeTrain.engine.patches import ensure_patched
+    from trainable import make_trainable
 
     assert style_mismatch(style, supported) is None
     _, item, _ = _cache(tmp_path, encoders, style)
     fam = next(f for f in fc.FAMILIES if f.name == family)
     model = getattr(comfy.supported_models, supported)(dict(fam.config, **changes)).get_model({})
     fc.init_weights(model.diffusion_model, seed=0)
-    ensure_patched(model.diffusion_model)  # the engine's out-of-place blocks (HunyuanVideo's add in place)
     extras = {**item["extras"], **({"guidance": 6.0, "pooled_output": torch.zeros(32)} if family == "hunyuan_video"
                                    else {})}
     conds = [{"cross_attn": torch.randn(4, fam.text_width), "extras": extras}]
     latents = item["latent"].unsqueeze(0)
+    make_trainable(model, latents, conds)  # as engine/train.py does (HunyuanVideo's blocks add in place)
     objective = DiffusionObjective(model, seed=0)
     prepared = objective.prepare(latents, conds, [0])
     if "denoise_mask" in item["extras"]:

@@ -1,360 +1,279 @@
-"""engine/patches.py: out-of-place forwards for the in-place Flux-style and LTXV blocks.
+"""engine/patches: the behavioural probe decides, per block class, upstream's forward or one of ours.
 
-Tiny random-init ComfyUI models (MODEL-NOTES.md tiny recipes), CPU, fp32, peft LoRA on every
-linear layer of the blocks. Inputs are built as ComfyUI's sampler builds them: a cond dict through
-`model.extra_conds`, `process_cond(...).concat([])`, then
-`model.apply_model(xt, sigma, transformer_options={}, **kwargs)` (MODEL-NOTES "Common mechanics").
-Checkpointing is the engine's own per-block wrapper (engine/memory.py).
+Tiny random-init ComfyUI models (tests/family_configs.py), CPU, fp32, on whichever ComfyUI the
+suite runs against (0.3.75 and 0.33.0 in CI). What must hold on every supported version:
+- the families whose blocks update the residual in place (Flux-style, Hunyuan, LTXV) are found
+  unsafe with upstream's forward and get an out-of-place forward written for this version, whose
+  output is bit-identical to upstream's and whose checkpointed LoRA gradients equal plain ones;
+- a family whose blocks are fine (Wan) keeps upstream's forward, nothing installed;
+- a block nobody fixed is refused before training, naming the class and the ComfyUI version;
+- a fix that changes the output is never admitted; verdicts are cached per (class, version, ...).
 """
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable
 
 import pytest
 import torch
 from torch import nn
 
+import family_configs as fc
 from PipeTrain.engine import patches
-from PipeTrain.engine.blocks import block_roots
-from PipeTrain.engine.comfy_bootstrap import import_comfy
-from PipeTrain.engine.memory import enable_activation_checkpointing
+from PipeTrain.engine.patches import fixes, probe, verdicts
+from trainable import trained_model
 
-INPLACE_ERROR = "modified by an inplace operation"
-SIGMA = 0.6
+pytestmark = pytest.mark.core
 
-
-@dataclasses.dataclass(frozen=True)
-class Case:
-    arch: str                       # comfy.supported_models class
-    unet_config: dict
-    latent: tuple[int, ...]
-    cond: Callable[[torch.Generator], dict]  # the cached cond item for extra_conds
-
-
-def _randn(g, *shape):
-    return torch.randn(*shape, generator=g)
-
-
-_HUNYUAN = dict(image_model="hunyuan_video", in_channels=16, out_channels=16, vec_in_dim=32, context_in_dim=48,
-                hidden_size=64, mlp_ratio=4.0, num_heads=2, depth=1, depth_single_blocks=2, axes_dim=[8, 12, 12],
-                theta=256, patch_size=[1, 2, 2], qkv_bias=True, guidance_embed=True, byt5=False, meanflow=False,
-                use_cond_type_embedding=False, vision_in_dim=None)
-
-CASES = {
-    "flux": Case("Flux", dict(image_model="flux", in_channels=16, out_channels=16, vec_in_dim=32, context_in_dim=64,
-                              hidden_size=64, mlp_ratio=4.0, num_heads=2, depth=2, depth_single_blocks=2,
-                              axes_dim=[8, 12, 12], theta=10000, patch_size=2, qkv_bias=True, guidance_embed=True),
-                 (1, 16, 8, 8), lambda g: dict(cross_attn=_randn(g, 1, 8, 64), pooled_output=_randn(g, 1, 32))),
-    # Chroma and Flux2 feed the blocks precomputed modulation (the `modulation=False` branch).
-    "chroma": Case("Chroma", dict(image_model="chroma", in_channels=64, out_channels=64, context_in_dim=48,
-                                  hidden_size=64, mlp_ratio=4.0, num_heads=2, depth=1, depth_single_blocks=2,
-                                  axes_dim=[8, 12, 12], theta=10000, patch_size=2, qkv_bias=True, in_dim=64,
-                                  out_dim=64, hidden_dim=32, n_layers=2),
-                   (1, 16, 8, 8), lambda g: dict(cross_attn=_randn(g, 1, 8, 48), pooled_output=None)),
-    "flux2": Case("Flux2", dict(image_model="flux2", axes_dim=[8, 8, 8, 8], num_heads=2, mlp_ratio=3.0, theta=2000,
-                                out_channels=128, global_modulation=True, vec_in_dim=None, mlp_silu_act=True,
-                                qkv_bias=False, ops_bias=False, default_ref_method="index", ref_index_scale=10.0,
-                                in_channels=128, hidden_size=64, context_in_dim=96, patch_size=1, depth=1,
-                                depth_single_blocks=2, guidance_embed=True),
-                  (1, 128, 8, 8), lambda g: dict(cross_attn=_randn(g, 1, 8, 96), pooled_output=None)),
-    "hunyuan_video": Case("HunyuanVideo", _HUNYUAN, (1, 16, 3, 8, 8),
-                          lambda g: dict(cross_attn=_randn(g, 1, 8, 48), pooled_output=_randn(g, 1, 32))),
-    # I2V "replace" mode: per-token-range modulation (modulation_dims), the slice-in-place apply_mod path.
-    "hunyuan_video_guiding": Case("HunyuanVideo", _HUNYUAN, (1, 16, 3, 8, 8),
-                                  lambda g: dict(cross_attn=_randn(g, 1, 8, 48), pooled_output=_randn(g, 1, 32),
-                                                 guiding_frame_index=0)),
-    "ltxv": Case("LTXV", dict(image_model="ltxv", in_channels=128, cross_attention_dim=64, attention_head_dim=32,
-                              num_attention_heads=2, caption_channels=48, num_layers=2),
-                 (1, 128, 3, 4, 4), lambda g: dict(cross_attn=_randn(g, 1, 8, 48),
-                                                   attention_mask=torch.ones(1, 8, dtype=torch.long))),
-}
-WAN = Case("WAN21_T2V", dict(image_model="wan2.1", model_type="t2v", patch_size=(1, 2, 2), in_dim=16, dim=64,
-                             ffn_dim=128, freq_dim=256, text_dim=48, out_dim=16, num_heads=2, num_layers=2,
-                             window_size=(-1, -1), qk_norm=True, cross_attn_norm=True, eps=1e-6),
-           (1, 16, 3, 8, 8), lambda g: dict(cross_attn=_randn(g, 1, 8, 48)))
+IN_PLACE = ["flux", "chroma", "flux2", "hunyuan_video", "hunyuan_video_guiding", "hunyuan_image21", "ltxv",
+            "ltxv_i2v"]
 
 
 @pytest.fixture(scope="module", autouse=True)
 def comfy(comfy_root):
+    from PipeTrain.engine.comfy_bootstrap import import_comfy
+
     import_comfy(comfy_root)
-    import comfy.supported_models
-    return comfy
 
 
 @pytest.fixture(autouse=True)
-def no_patch_leaks():
-    patches.uninstall()
+def _clean():
+    fixes.uninstall_all()
+    verdicts._MEMO.clear()
     yield
-    patches.uninstall()
+    fixes.uninstall_all()
 
 
-def build(case: Case, lora: bool = True, dtype: torch.dtype = torch.float32):
-    """A seeded tiny model with explicit init (ComfyUI leaves weights as torch.empty) and a LoRA."""
-    import comfy.supported_models as sm
-    from peft import LoraConfig, inject_adapter_in_model
+def family(name: str) -> fc.Family:
+    if name == "hunyuan_video_guiding":  # I2V "replace": per-token-range modulation (apply_mod's slice path)
+        base = family("hunyuan_video")
+        return dataclasses.replace(base, name=name, extras=lambda g: {**base.extras(g), "guiding_frame_index": 0})
+    return next(f for f in fc.FAMILIES if f.name == name)
 
-    torch.manual_seed(0)
-    config = getattr(sm, case.arch)(dict(case.unet_config))
-    if dtype != torch.float32:
-        config.set_inference_dtype(dtype, None)
-    model = config.get_model({})
-    dm = model.diffusion_model
+
+def _forward(model, fam):
+    from PipeTrain.engine.objective import DiffusionObjective
+
+    latents, conds = fc.batch(fam)
+    objective = DiffusionObjective(model, seed=0, **fam.train)
+    return lambda: objective(latents, conds, [0])
+
+
+def _denoised(model, fam):
+    from PipeTrain.engine.objective import DiffusionObjective, transformer_options
+
+    latents, conds = fc.batch(fam)
+    prepared = DiffusionObjective(model, seed=0, **fam.train).prepare(latents, conds, [0])
     with torch.no_grad():
-        for name, p in dm.named_parameters():
-            if p.ndim >= 2:
-                p.normal_(0.0, 0.02)
-            elif name.endswith("bias"):
-                p.zero_()
-            else:
-                p.fill_(1.0)
-    dm.requires_grad_(False)
-    if lora:
-        roots = set(block_roots(dm))
-        targets = [n for n, m in dm.named_modules() if isinstance(m, nn.Linear) and n.split(".")[0] in roots]
-        inject_adapter_in_model(LoraConfig(r=4, lora_alpha=4, target_modules=targets), dm)
-        with torch.no_grad():
-            for name, p in dm.named_parameters():
-                p.requires_grad_("lora_" in name)
-                if "lora_B" in name:  # peft starts B at zero: no gradient would reach A
-                    p.normal_(0.0, 0.02)
-    return model
+        return model.apply_model(prepared.xt, prepared.sigma, transformer_options=transformer_options(prepared.sigma),
+                                 **prepared.kwargs)
 
 
-def model_inputs(model, case: Case):
-    g = torch.Generator().manual_seed(1)
-    x0, noise = _randn(g, *case.latent), _randn(g, *case.latent)
-    params = dict(case.cond(g), device=torch.device("cpu"), noise=noise, latent_image=x0, denoise_mask=None, seed=0)
-    kwargs = {k: c.process_cond(batch_size=x0.shape[0], area=None).concat([])
-              for k, c in model.extra_conds(**params).items()}
-    sigma = torch.full((x0.shape[0],), SIGMA)
-    return x0, model.model_sampling.noise_scaling(sigma, noise, x0), sigma, kwargs
+@pytest.mark.parametrize("name", IN_PLACE)
+def test_in_place_family_gets_a_fix_for_this_version_with_upstreams_output(name):
+    fam = family(name)
+    upstream = _denoised(fc.build(fam), fam)  # nothing of ours installed
+    model = fc.build(fam)
+    chosen = patches.make_trainable(model.diffusion_model, _forward(model, fam))
+    version = patches.comfy_version()
+    used = {n for use in chosen.values() if use != "upstream" for n in use.split(" + ")}
+    assert used, chosen
+    for fix in fixes.active():
+        assert fix.written_for(version), (fix.name, version)
+    assert torch.equal(_denoised(model, fam), upstream)  # bit-identical to ComfyUI's own forward
 
 
-def loss_of(model, inputs, xt=None):
-    x0, xt0, sigma, kwargs = inputs
-    out = model.apply_model(xt0 if xt is None else xt, sigma, transformer_options={}, **kwargs)
-    return torch.nn.functional.mse_loss(out, x0), out
-
-
-def gradients(model, inputs, xt_grad: bool) -> dict[str, torch.Tensor]:
-    """LoRA gradients (and d loss / d xt when xt requires grad) of one forward + backward."""
-    xt = inputs[1].detach().clone().requires_grad_(xt_grad)
-    loss_of(model, inputs, xt)[0].backward()
-    grads = {n: p.grad.detach().clone() for n, p in model.diffusion_model.named_parameters() if p.requires_grad}
-    if xt_grad:
-        grads["xt"] = xt.grad.detach().clone()
-    model.diffusion_model.zero_grad(set_to_none=True)
-    return grads
-
-
-def max_diff(a: dict, b: dict) -> tuple[float, float]:
-    """(max abs difference, max abs difference / max abs reference) over all gradient tensors."""
-    abs_diff = max((a[k] - b[k]).abs().max().item() for k in a)
-    return abs_diff, abs_diff / max(b[k].abs().max().item() for k in b)
-
-
-# --- the hazard, and the patch removing it -------------------------------------------------------
-
-@pytest.mark.parametrize("family", CASES)
-def test_unpatched_lora_backward_hits_the_inplace_error(family):
-    model = build(CASES[family])
-    loss, _ = loss_of(model, model_inputs(model, CASES[family]))
-    with pytest.raises(RuntimeError, match=INPLACE_ERROR):
+@pytest.mark.parametrize("name", ["flux", "hunyuan_video_guiding", "ltxv", "wan21_t2v"])
+def test_checkpointed_lora_gradients_equal_plain_ones(name):
+    """peft LoRA on every linear, the engine's own checkpoint wrapper (engine/checkpointing.py)."""
+    fam = family(name)
+    grads = {}
+    for mode in ("off", "on"):
+        model, objective, batch = trained_model(fam, checkpointing=mode)
+        loss = objective(*batch, [0])
         loss.backward()
+        grads[mode] = {n: p.grad.clone() for n, p in model.diffusion_model.named_parameters() if p.grad is not None}
+    assert grads["off"] and grads["off"].keys() == grads["on"].keys()
+    for key, plain in grads["off"].items():
+        assert torch.allclose(grads["on"][key], plain, rtol=1e-5, atol=1e-7), key
 
 
-# Half-precision weights too: the copies round to the residual's dtype where upstream's in-place
-# op stored into it, so they must also agree bit for bit there (and fp16 runs the nan_to_num branch).
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
-@pytest.mark.parametrize("family", CASES)
-def test_patched_forward_is_bit_identical(family, dtype):
-    model = build(CASES[family], dtype=dtype)
-    inputs = model_inputs(model, CASES[family])
+def test_upstream_in_place_forward_is_found_unsafe():
+    fam = family("flux")
+    model = fc.build(fam)
+    wanted = patches.trainable.first_blocks(model.diffusion_model)
+    captured = probe.capture(_forward(model, fam), wanted)
+    assert set(captured) == set(wanted)
+    outcomes = {cls.__name__: probe.probe(cap) for cls, cap in captured.items()}
+    assert not outcomes["DoubleStreamBlock"].safe and not outcomes["SingleStreamBlock"].safe
+    assert "backward fails" in outcomes["DoubleStreamBlock"].reason or "in place" in outcomes["DoubleStreamBlock"].reason
+
+
+def test_safe_family_keeps_upstream_and_installs_nothing():
+    fam = family("wan21_t2v")
+    model = fc.build(fam)
+    chosen = patches.make_trainable(model.diffusion_model, _forward(model, fam))
+    assert set(chosen.values()) == {"upstream"} and fixes.active() == []
+    assert patches.is_trainable(model.diffusion_model)
+
+
+def test_host_training_flag_is_set_where_the_host_has_one():
+    import comfy.model_management as mm
+
+    fam = family("wan21_t2v")
+    model = fc.build(fam)
+    had = hasattr(mm, "in_training")
+    patches.make_trainable(model.diffusion_model, _forward(model, fam))
+    assert patches.training_mode() is (True if had else None)
+
+
+# ---- synthetic blocks: what no ComfyUI release has yet ------------------------------------------------
+class _InPlace(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(8, 8), nn.Linear(8, 8)
+
+    def forward(self, x):
+        x += self.b(torch.tanh(self.a(x)))
+        return x
+
+
+class _Fine(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(8, 8), nn.Linear(8, 8)
+
+    def forward(self, x):
+        return x + self.b(torch.tanh(self.a(x)))
+
+
+class _Net(nn.Module):
+    def __init__(self, block):
+        super().__init__()
+        self.blocks = nn.ModuleList([block(), block()])
+
+    def forward(self, x):
+        for b in self.blocks:
+            x = b(x)
+        return x
+
+
+def test_unfixed_in_place_block_is_refused_with_class_and_version():
+    net = _Net(_InPlace)
+    with pytest.raises(patches.UnsafeBlock) as err:
+        patches.make_trainable(net, lambda: net(torch.randn(2, 4, 8)))
+    text = str(err.value)
+    assert "_InPlace" in text and f"ComfyUI {patches.comfy_version()}" in text and "What to do" in text
+    assert not patches.is_trainable(net)
+
+
+def test_a_fix_that_changes_the_output_is_not_admitted(monkeypatch):
+    def wrong(self, x):  # out of place, trains fine, but not upstream's math
+        return x + 2 * self.b(torch.tanh(self.a(x)))
+    bad = fixes.Fix("wrong test fix", __name__, ("_InPlace",), {"_InPlace.forward": wrong}, since="0.0.1")
+    monkeypatch.setattr(fixes, "all_fixes", lambda: [bad])
+    net = _Net(_InPlace)
+    with pytest.raises(patches.UnsafeBlock, match=r"'wrong test fix' .* does not fit: its output differs"):
+        patches.make_trainable(net, lambda: net(torch.randn(2, 4, 8)))
+    assert _InPlace.forward is not wrong
+
+
+def test_a_right_fix_is_admitted_and_bit_identical(monkeypatch):
+    good = fixes.Fix("right test fix", __name__, ("_InPlace",), {"_InPlace.forward": _Fine.forward}, since="0.0.1")
+    monkeypatch.setattr(fixes, "all_fixes", lambda: [good])
+    x = torch.randn(2, 4, 8)
+    net = _Net(_InPlace)
     with torch.no_grad():
-        loss0, out0 = loss_of(model, inputs)
-        assert patches.needs_patch(model.diffusion_model)
-        patches.install()
-        assert not patches.missing_patches(model.diffusion_model)
-        loss1, out1 = loss_of(model, inputs)
-    assert torch.equal(out0, out1) and torch.equal(loss0, loss1), (out0 - out1).abs().max()
+        want = net(x.clone())
+    assert patches.make_trainable(net, lambda: net(torch.randn(2, 4, 8))) == {f"{__name__}._InPlace": "right test fix"}
+    assert torch.equal(net(x.clone()), want)
 
 
-@pytest.mark.parametrize("xt_grad", [False, True], ids=["lora", "lora+xt"])
-@pytest.mark.parametrize("family", CASES)
-def test_patched_checkpoint_gradients_equal_plain_gradients(family, xt_grad):
-    patches.install()
-    model = build(CASES[family])
-    inputs = model_inputs(model, CASES[family])
-    plain = gradients(model, inputs, xt_grad)
-    assert all(torch.isfinite(g).all() for g in plain.values())
-    assert all(g.abs().sum() > 0 for g in plain.values()), "every LoRA tensor (and xt) gets a gradient"
-    assert enable_activation_checkpointing(model.diffusion_model) >= 2
-    checkpointed = gradients(model, inputs, xt_grad)
-    assert checkpointed.keys() == plain.keys()
-    abs_diff, rel_diff = max_diff(checkpointed, plain)
-    print(f"{family} xt_grad={xt_grad}: {len(plain)} tensors, max |ckpt - plain| {abs_diff:.3g} (rel {rel_diff:.3g})")
-    for name in plain:
-        torch.testing.assert_close(checkpointed[name], plain[name], rtol=1e-6, atol=1e-9, msg=name)
+def test_a_fix_written_for_other_releases_is_not_tried(monkeypatch):
+    later = fixes.Fix("future fix", __name__, ("_InPlace",), {"_InPlace.forward": _Fine.forward}, since="999.0.0")
+    monkeypatch.setattr(fixes, "all_fixes", lambda: [later])
+    net = _Net(_InPlace)
+    with pytest.raises(patches.UnsafeBlock, match=r"written for other ComfyUI releases \('future fix' for ComfyUI 999"):
+        patches.make_trainable(net, lambda: net(torch.randn(2, 4, 8)))
 
 
-# LTXV with a latent that requires grad is the special case below.
-@pytest.mark.parametrize("family,xt_grad", [(f, x) for f in CASES for x in (False, True) if (f, x) != ("ltxv", True)])
-def test_unpatched_checkpoint_fails_loudly(family, xt_grad):
-    """The block mutates its own checkpointed input. torch 2.13 reported CheckpointError (different
-    recomputed metadata); torch 2.14 already reports the in-place error. Both are RuntimeErrors."""
-    model = build(CASES[family])
-    enable_activation_checkpointing(model.diffusion_model)
-    with pytest.raises(RuntimeError):
-        gradients(model, model_inputs(model, CASES[family]), xt_grad=xt_grad)
+def test_silently_wrong_checkpoint_gradients_are_caught():
+    """An input written in place after its last use: plain backward runs (nothing saved it), but the
+    checkpoint's recompute starts from the written value (the LTXV trap, MODEL-NOTES.md)."""
+    class Late(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = nn.Linear(8, 8)
+
+        def forward(self, x, scale):
+            out = self.a(x + scale)
+            scale.mul_(2.0)
+            return out
+    block = Late()
+    cap = probe.Captured(block, (torch.randn(2, 8), torch.full((8,), 0.5)), {})
+    outcome = probe.probe(cap)
+    assert not outcome.safe and "in place" in outcome.reason
 
 
-def test_unpatched_ltxv_checkpoint_never_gives_the_right_gradients():
-    """With a latent that requires grad (TrainSampler does this) the checkpointed LTXV block
-    mutates its own saved input. torch 2.13 recomputed from the mutated value without a word
-    (MODEL-NOTES: rel. error 0.57 %); newer torch notices the version bump and raises. Either way
-    only the patch gives usable gradients."""
-    case = CASES["ltxv"]
-    model = build(case)
-    enable_activation_checkpointing(model.diffusion_model)
-    try:
-        wrong = gradients(model, model_inputs(model, case), xt_grad=True)
-    except RuntimeError as exc:
-        assert INPLACE_ERROR in str(exc)
-        print(f"torch {torch.__version__}: unpatched LTXV checkpoint raised the in-place error")
-        return
-    patches.install()
-    model = build(case)
-    right = gradients(model, model_inputs(model, case), xt_grad=True)
-    abs_diff, rel_diff = max_diff(wrong, right)
-    print(f"torch {torch.__version__}: unpatched LTXV checkpoint vs patched: "
-          f"max abs {abs_diff:.3g}, rel {rel_diff:.3g}")
-    assert rel_diff > 1e-4
+def test_verdicts_are_cached_per_class_and_version(tmp_path, monkeypatch):
+    calls = []
+    net = _Net(_Fine)
+
+    def run():
+        calls.append(1)
+        net(torch.randn(2, 4, 8))
+    cache = tmp_path / "verdicts.json"
+    assert patches.make_trainable(net, run, cache_file=cache) == {f"{__name__}._Fine": "upstream"}
+    verdicts._MEMO.clear()  # a new process: only the file remains
+    patches.make_trainable(_Net(_Fine), run, cache_file=cache)
+    assert len(calls) == 1 and cache.is_file()
+    verdicts._MEMO.clear()
+    monkeypatch.setattr(patches.trainable, "comfy_version", lambda: "9.9.9")
+    patches.make_trainable(_Net(_Fine), run, cache_file=cache)
+    assert len(calls) == 2  # another ComfyUI version is probed again
 
 
-def test_apply_mod_copy_matches_upstream_bit_for_bit():
-    import comfy.ldm.flux.layers as layers
+def test_wrapped_blocks_are_refused():
+    from PipeTrain.engine.checkpointing import enable_checkpointing
 
-    upstream, copy = layers.apply_mod, patches._families()[0].apply_mod
-    g = torch.Generator().manual_seed(3)
-    mult, add = _randn(g, 1, 2, 16), _randn(g, 1, 2, 16)
-    for dtype in (torch.float32, torch.bfloat16):  # bf16 stream with fp32 modulation: same roundings
-        x = _randn(g, 1, 12, 16).to(dtype)
-        for dims in (None, [(0, 5, 0), (5, None, 1)], [(3, 7, 1)], [(0, None, 1)], [(6, 2, 0)]):
-            # Without dims one modulation row serves every token; with dims, one row per range.
-            m_mult, shift = (mult[:, :1], add[:, :1]) if dims is None else (mult, add)
-            for m_add in (shift, None):
-                expected = upstream(x.clone(), m_mult, m_add, dims)
-                got = copy(x, m_mult, m_add, dims)
-                assert got.dtype == expected.dtype and torch.equal(got, expected), (dtype, dims)
+    net = _Net(_Fine)
+    enable_checkpointing(net, "on")
+    with pytest.raises(RuntimeError, match="before wrapping them"):
+        patches.make_trainable(net, lambda: net(torch.randn(2, 4, 8)))
 
 
-# --- which models need it ------------------------------------------------------------------------
+def test_kitchen_backward_equals_autograd_through_the_eager_code():
+    """engine/patches/kitchen.py: the fused op's backward is the eager implementation's vjp."""
+    from PipeTrain.engine.patches import kitchen
 
-def test_needs_patch_only_for_models_with_inplace_blocks():
-    assert patches.needs_patch(build(CASES["flux"], lora=False).diffusion_model)
-    assert patches.needs_patch(build(CASES["ltxv"], lora=False).diffusion_model)
-    wan = build(WAN, lora=False).diffusion_model
-    assert not patches.needs_patch(wan) and patches.missing_patches(wan) == []
-    assert not patches.needs_patch(nn.Sequential(nn.Linear(2, 2)))
-
-
-def test_install_is_idempotent_and_uninstall_restores():
-    import comfy.ldm.flux.layers as layers
-    import comfy.ldm.lightricks.model as ltxv
-
-    originals = (layers.apply_mod, layers.DoubleStreamBlock.forward, layers.SingleStreamBlock.forward,
-                 ltxv.BasicTransformerBlock.forward)
-    flux = build(CASES["flux"], lora=False).diffusion_model
-    assert patches.missing_patches(flux) == ["comfy.ldm.flux.layers.DoubleStreamBlock.forward",
-                                             "comfy.ldm.flux.layers.SingleStreamBlock.forward",
-                                             "comfy.ldm.flux.layers.apply_mod"]
-    first = patches.install()
-    assert len(first) == 4 and patches.install() == first
-    assert layers.DoubleStreamBlock.forward is not originals[1] and patches.missing_patches(flux) == []
-    assert patches.check_upstream() == []  # checks the remembered originals, not our copies
-    patches.uninstall()
-    assert (layers.apply_mod, layers.DoubleStreamBlock.forward, layers.SingleStreamBlock.forward,
-            ltxv.BasicTransformerBlock.forward) == originals
-
-
-# --- the upstream-change detector ----------------------------------------------------------------
-
-def test_comfy_sources_match_the_copies():
-    """Fails when ComfyUI changes a replaced function: update engine/patches_*.py, then its digest."""
-    assert patches.check_upstream(strict=True) == []
-    for fam in patches._families():
-        # every upstream function a copy was made from is pinned by a digest
-        assert {q for _, copied_from in fam.REPLACEMENTS.values() for q in copied_from} == set(fam.UPSTREAM_SHA256)
-        for qualname, digest in fam.UPSTREAM_SHA256.items():
-            assert patches.source_digest(patches._upstream(fam.MODULE, qualname)) == digest, qualname
+    ops = kitchen.candidates()
+    if "rms_rope_split_half" not in ops:
+        pytest.skip("needs comfy-kitchen's rms_rope_split_half (ComfyUI 0.33 and later); this ComfyUI has none")
+    gen = torch.Generator().manual_seed(0)
+    q, k = (torch.randn(1, 2, 6, 8, generator=gen) for _ in range(2))
+    freqs = torch.randn(1, 1, 6, 4, 2, 2, generator=gen)
+    scale = torch.rand(8, generator=gen) + 0.5
+    inputs = [t.clone().requires_grad_(True) for t in (q, k, scale)]
+    want_out = ops["rms_rope_split_half"](inputs[0], inputs[1], freqs, inputs[2], None, 1e-6)
+    weights = [torch.randn(o.shape, generator=gen) for o in want_out]
+    want = torch.autograd.grad(sum((o * w).sum() for o, w in zip(want_out, weights)), inputs)
+    fix = next(f for f in fixes.all_fixes() if f.name == "comfy-kitchen backward")
+    fixes.install(fix)
+    got_inputs = [t.clone().requires_grad_(True) for t in (q, k, scale)]
+    got_out = torch.ops.comfy_kitchen.rms_rope_split_half(got_inputs[0], got_inputs[1], freqs, got_inputs[2], None, 1e-6)
+    got = torch.autograd.grad(sum((o * w).sum() for o, w in zip(got_out, weights)), got_inputs)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w)
+    fixes.uninstall(fix)
+    with pytest.raises(RuntimeError, match="no autograd formula"):
+        out = torch.ops.comfy_kitchen.rms_rope_split_half(q.clone().requires_grad_(True), k, freqs, scale, None, 1e-6)
+        out[0].sum().backward()
 
 
-def _changed_forward(self, img, txt, vec, pe, attn_mask=None, modulation_dims_img=None,
-                     modulation_dims_txt=None, transformer_options={}):
-    return img * 2, txt  # stands in for an upstream edit
-
-
-def test_changed_source_error_names_the_function():
-    import comfy.ldm.flux.layers as layers
-
-    name = "comfy.ldm.flux.layers.DoubleStreamBlock.forward"
-    digest = patches._families()[0].UPSTREAM_SHA256["DoubleStreamBlock.forward"]
-    patches.check_source(layers.DoubleStreamBlock.forward, digest, name)  # the real one passes
-    with pytest.raises(patches.UpstreamChanged, match=r"ComfyUI changed comfy\.ldm\.flux\.layers\.DoubleStream"
-                                                      r"Block\.forward; PipeTrain's out-of-place copy") as err:
-        patches.check_source(_changed_forward, digest, name)
-    assert patches.comfy_version() in str(err.value) and "0.3.75" in str(err.value)
-    # Re-indenting or re-wrapping is not a change; any other edit is.
-    src = "def f(a, b):\n    return a + b\n"
-    assert patches.text_digest(src) == patches.text_digest("    def f(a,  b):\n\n        return a + b   \n")
-    assert patches.text_digest(src) != patches.text_digest(src.replace("+", "-"))
-
-
-def test_strict_install_refuses_a_changed_function_and_swaps_nothing(monkeypatch):
-    import comfy.ldm.flux.layers as layers
-
-    monkeypatch.setattr(layers.DoubleStreamBlock, "forward", _changed_forward)
-    with pytest.raises(patches.UpstreamChanged, match=r"DoubleStreamBlock\.forward") as err:
-        patches.install(strict=True)
-    assert "SingleStreamBlock" not in str(err.value)
-    assert patches.installed() == [] and layers.DoubleStreamBlock.forward is _changed_forward
-
-
-def test_lenient_install_skips_only_the_changed_function(monkeypatch):
-    import comfy.ldm.flux.layers as layers
-
-    monkeypatch.setattr(layers.DoubleStreamBlock, "forward", _changed_forward)
-    with pytest.warns(UserWarning, match=r"ComfyUI changed comfy\.ldm\.flux\.layers\.DoubleStreamBlock\.forward"):
-        done = patches.install(strict=False)
-    assert layers.DoubleStreamBlock.forward is _changed_forward  # never applied over a changed upstream
-    assert "comfy.ldm.flux.layers.DoubleStreamBlock.forward" not in done
-    assert "comfy.ldm.lightricks.model.BasicTransformerBlock.forward" in done
-    assert "comfy.ldm.flux.layers.SingleStreamBlock.forward" in done
-    flux = build(CASES["flux"], lora=False).diffusion_model
-    assert patches.missing_patches(flux) == ["comfy.ldm.flux.layers.DoubleStreamBlock.forward"]
-    assert patches.missing_patches(build(CASES["ltxv"], lora=False).diffusion_model) == []
-    # The engine's single call: a Flux model must not train on the changed block; LTXV still may.
-    with pytest.warns(UserWarning), pytest.raises(patches.UpstreamChanged, match=r"DoubleStreamBlock\.forward") as err:
-        patches.ensure_patched(flux)
-    assert "Flux, Flux Kontext, Chroma" in str(err.value)
-    with pytest.warns(UserWarning):  # the warning still names the changed function
-        done = patches.ensure_patched(build(CASES["ltxv"], lora=False).diffusion_model)
-    assert "comfy.ldm.lightricks.model.BasicTransformerBlock.forward" in done
-
-
-def test_ensure_patched_refuses_blocks_wrapped_before_install():
-    """engine/memory.py binds each block's forward when it wraps it: wrapping first keeps upstream's."""
-    flux = build(CASES["flux"], lora=False).diffusion_model
-    enable_activation_checkpointing(flux)
-    with pytest.raises(RuntimeError, match=r"4 blocks \(first: double_blocks\.0\) were wrapped before"):
-        patches.ensure_patched(flux)
-    fresh = build(CASES["flux"], lora=False).diffusion_model
-    patches.ensure_patched(fresh)
-    enable_activation_checkpointing(fresh)
-    assert patches.stale_blocks(fresh) == []
-
-
-def test_ensure_patched_installs_only_for_models_that_need_it():
-    assert patches.ensure_patched(build(WAN, lora=False).diffusion_model) == []
-    assert len(patches.ensure_patched(build(CASES["hunyuan_video"], lora=False).diffusion_model)) == 4
+def test_the_probe_leaves_the_callers_random_state_alone():
+    """A run draws the same LoRA init and noise whether its verdicts came from the probe or the cache."""
+    net = _Net(_Fine)
+    torch.manual_seed(5)
+    want = torch.rand(3)
+    torch.manual_seed(5)
+    patches.make_trainable(net, lambda: net(torch.ones(2, 4, 8)))  # probes (nothing cached yet)
+    assert torch.equal(torch.rand(3), want)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import family_configs as fc
 import pytest
 import torch
+from trainable import ensure_trainable
 from adapter_checks import (assert_every_lora_trained, assert_layers_equal_reference, assert_pipelined_like_plain,
                             assert_refused, assert_same_lora_grads, lora_grads, run_layers, two_process_runs,
                             with_lora)
@@ -21,14 +22,10 @@ _CHROMA = next(f for f in fc.FAMILIES if f.name == "chroma")
 
 def _model(depth: int = 2, singles: int = 2):
     import comfy.supported_models
-    from PipeTrain.engine.patches import ensure_patched
 
     config = dict(_CHROMA.config, depth=depth, depth_single_blocks=singles)
     model = comfy.supported_models.Chroma(config).get_model({})
     fc.init_weights(model.diffusion_model, seed=0)
-    # Chroma runs the Flux blocks, which update the residual in place: the engine trains with the
-    # out-of-place forwards, so both paths below run those.
-    ensure_patched(model.diffusion_model)
     return model
 
 
@@ -44,7 +41,7 @@ def _prepare(model, batch: int = 2, latent=(16, 6, 10), guidance=0.0, pooled: bo
         if refs:
             extras["reference_latents"] = [torch.randn((1, latent[0], h, w), generator=gen) for h, w in refs]
         conds.append({"cross_attn": torch.randn((fc.T, _CHROMA.text_width), generator=gen), "extras": extras})
-    return DiffusionObjective(model, seed=3).prepare(latents, conds, list(range(batch)))
+    return ensure_trainable(model, DiffusionObjective(model, seed=3).prepare(latents, conds, list(range(batch))))
 
 
 def _run_layers(model, prepared):

@@ -14,6 +14,7 @@ import torch
 from adapter_checks import (assert_layers_equal_reference, assert_only_adapter, assert_refused, assert_same_lora_grads,
                             lora_grads, run_layers, with_lora)
 from PipeTrain.engine.config import ConfigError
+from trainable import ensure_trainable
 
 _FAMILIES = {f.name: f for f in fc.FAMILIES if f.name in ("cosmos_predict2", "cosmos1")}
 _ADAPTER = {"cosmos_predict2": "cosmos_predict2", "cosmos1": "cosmos"}
@@ -22,14 +23,12 @@ _I2V_CLASS = {"cosmos_predict2": "CosmosI2VPredict2", "cosmos1": "CosmosI2V"}
 
 def _model(family: str, i2v: bool = False, **config):
     import comfy.supported_models
-    from PipeTrain.engine.patches import ensure_patched
 
     f = _FAMILIES[family]
     cls = _I2V_CLASS[family] if i2v else f.supported
     config = dict(f.config, **config, **(dict(in_channels=17) if i2v else {}))
     model = getattr(comfy.supported_models, cls)(config).get_model({})
     fc.init_weights(model.diffusion_model, seed=0)
-    ensure_patched(model.diffusion_model)  # as the engine does (nothing to patch for Cosmos)
     return model
 
 
@@ -47,7 +46,7 @@ def _prepare(model, batch: int = 2, latent=(16, 3, 8, 6), fps=None, i2v: bool = 
         if mask:  # Cosmos 1.0 ignores the text mask unless the model uses cross-attention masks
             extras["attention_mask"] = torch.ones(fc.T, dtype=torch.long)
         conds.append({"cross_attn": torch.randn((fc.T, 48), generator=gen), "extras": extras})
-    return DiffusionObjective(model, seed=3).prepare(latents, conds, list(range(batch)))
+    return ensure_trainable(model, DiffusionObjective(model, seed=3).prepare(latents, conds, list(range(batch))))
 
 
 CASES = {

@@ -11,6 +11,7 @@ from __future__ import annotations
 import family_configs as fc
 import pytest
 import torch
+from trainable import ensure_trainable
 from adapter_checks import (assert_every_lora_trained, assert_layers_equal_reference, assert_pipelined_like_plain,
                             assert_refused, assert_same_lora_grads, lora_grads, run_layers, two_process_runs,
                             with_lora)
@@ -20,14 +21,10 @@ _FLUX2 = next(f for f in fc.FAMILIES if f.name == "flux2")
 
 def _model(depth: int = 2, singles: int = 2, guidance_embed: bool = True):
     import comfy.supported_models
-    from PipeTrain.engine.patches import ensure_patched
 
     config = dict(_FLUX2.config, depth=depth, depth_single_blocks=singles, guidance_embed=guidance_embed)
     model = comfy.supported_models.Flux2(config).get_model({})
     fc.init_weights(model.diffusion_model, seed=0)
-    # Flux.2 runs the Flux blocks, which update the residual in place: the engine trains with the
-    # out-of-place forwards, so both paths below run those.
-    ensure_patched(model.diffusion_model)
     return model
 
 
@@ -45,7 +42,7 @@ def _prepare(model, batch: int = 2, latent=(128, 4, 6), guidance=3.5, refs=(), m
         if method:
             extras["reference_latents_method"] = method
         conds.append({"cross_attn": torch.randn((fc.T, _FLUX2.text_width), generator=gen), "extras": extras})
-    return DiffusionObjective(model, seed=3).prepare(latents, conds, list(range(batch)))
+    return ensure_trainable(model, DiffusionObjective(model, seed=3).prepare(latents, conds, list(range(batch))))
 
 
 CASES = {

@@ -12,6 +12,7 @@ from __future__ import annotations
 import family_configs as fc
 import pytest
 import torch
+from trainable import ensure_trainable
 from adapter_checks import assert_layers_equal_reference, assert_refused, assert_same_lora_grads, lora_grads, with_lora
 
 _FAMILY = {f.name: f for f in fc.FAMILIES}
@@ -21,14 +22,10 @@ _FAMILY = {f.name: f for f in fc.FAMILIES}
 
 def _model(family: str, supported: str | None = None, **config):
     import comfy.supported_models
-    from PipeTrain.engine.patches import ensure_patched
 
     fam = _FAMILY[family]
     model = getattr(comfy.supported_models, supported or fam.supported)(dict(fam.config, **config)).get_model({})
     fc.init_weights(model.diffusion_model, seed=0)
-    # The Flux-style blocks update the residual in place: the engine trains with the out-of-place
-    # forwards (engine/patches.py), so both paths below run those.
-    ensure_patched(model.diffusion_model)
     return model
 
 
@@ -46,7 +43,7 @@ def _prepare(model, family: str, batch: int = 2, latent=None, **extras):
             item[k] = v(gen) if callable(v) else v
         conds.append({"cross_attn": torch.randn((fc.T, fam.text_width), generator=gen),
                       "extras": {k: v for k, v in item.items() if v is not ...}})
-    return DiffusionObjective(model, seed=3).prepare(latents, conds, list(range(batch)))
+    return ensure_trainable(model, DiffusionObjective(model, seed=3).prepare(latents, conds, list(range(batch))))
 
 
 def _r(*shape):

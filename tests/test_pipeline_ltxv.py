@@ -15,17 +15,16 @@ from adapter_checks import (assert_every_lora_trained, assert_layers_equal_refer
                             assert_pipelined_like_plain, assert_refused, assert_same_lora_grads, lora_grads,
                             run_layers, two_process_runs, with_lora)
 from PipeTrain.engine.config import ConfigError
+from trainable import ensure_trainable
 
 _LTXV = next(f for f in fc.FAMILIES if f.name == "ltxv")
 
 
 def _model(layers: int = 2):
     import comfy.supported_models
-    from PipeTrain.engine.patches import ensure_patched
 
     model = comfy.supported_models.LTXV(dict(_LTXV.config, num_layers=layers)).get_model({})
     fc.init_weights(model.diffusion_model, seed=0)
-    ensure_patched(model.diffusion_model)  # what the engine trains with (out-of-place blocks)
     return model
 
 
@@ -44,12 +43,25 @@ def _prepare(model, batch: int = 2, latent=(128, 3, 4, 5), frame_rate=25.0, padd
         extras = {"attention_mask": mask, "frame_rate": frame_rate}
         if i2v:
             extras["denoise_mask"] = fc._first_frame_kept(*latent[1:])
-        if keyframes:  # LTXVAddGuide: pixel positions of the last latent frame's tokens (a guide at frame 0)
-            _, _, h, w = latent
-            hh, ww = torch.meshgrid(torch.arange(h) * 32, torch.arange(w) * 32, indexing="ij")
-            extras["keyframe_idxs"] = torch.stack([torch.zeros(h * w, dtype=torch.long), hh.flatten(), ww.flatten()])
+        if keyframes:  # LTXVAddGuide: the last latent frame is a clean guide for frame 0
+            extras["keyframe_idxs"] = _guide_positions(model, latent)
+            mask = torch.ones(1, *latent[1:])
+            mask[:, -1] = 0.0
+            if keyframes == "dropped":  # guide tokens ComfyUI 0.33+ filters out (mask < 0)
+                mask[:, -1, 0] = -1.0
+            extras["denoise_mask"] = mask
         conds.append({"cross_attn": torch.randn((fc.T, _LTXV.text_width), generator=gen), "extras": extras})
-    return DiffusionObjective(model, seed=3).prepare(latents, conds, list(range(batch)))
+    return ensure_trainable(model, DiffusionObjective(model, seed=3).prepare(latents, conds, list(range(batch))))
+
+
+def _guide_positions(model, latent):
+    """The pixel positions LTXVAddGuide records for a one-frame guide at frame 0, in the host's own
+    layout (its patchifier's coordinates: [3, tokens] on 0.3.75, [3, tokens, 2] start/end later)."""
+    from comfy.ldm.lightricks.model import latent_to_pixel_coords
+
+    dm = model.diffusion_model
+    _, coords = dm.patchifier.patchify(torch.zeros((1, latent[0], 1, *latent[2:])))
+    return latent_to_pixel_coords(coords, dm.vae_scale_factors, causal_fix=True)[0]
 
 
 def _run_layers(model, prepared):
@@ -63,6 +75,7 @@ CASES = {
     "frame-rate-23.976": dict(model=dict(), cond=dict(frame_rate=24000 / 1001)),
     "i2v-noise-mask": dict(model=dict(), cond=dict(i2v=True)),  # per-token timesteps
     "keyframe-guide": dict(model=dict(), cond=dict(keyframes=True)),
+    "keyframe-guide-dropped-tokens": dict(model=dict(), cond=dict(keyframes="dropped")),
     "one-block": dict(model=dict(layers=1), cond=dict()),
 }
 
@@ -122,18 +135,17 @@ def test_stage_layers_give_comfyui_lora_gradients(comfy, checkpointing):
 
 
 def test_blocks_running_comfyui_in_place_forward_are_refused(comfy):
-    """Without PipeTrain's out-of-place block forward (ensure_patched), the adapter refuses to cut the
-    model: checkpointed stages would train on wrong gradients."""
+    """A model that was not made trainable (engine.patches.make_trainable) could still run ComfyUI's
+    in-place block forward: the adapter refuses to cut it, since checkpointed stages would train on
+    wrong gradients."""
     from PipeTrain.engine import patches
     from PipeTrain.engine.models import adapter_for
 
     model = _model()
-    patches.uninstall()
-    try:
-        with pytest.raises(ConfigError, match="out-of-place"):
-            adapter_for(model).layers(model)
-    finally:
-        patches.install(strict=True)
+    with pytest.raises(ConfigError, match="made trainable first"):
+        adapter_for(model).layers(model)
+    _prepare(model)  # probes and installs what the blocks need
+    assert patches.is_trainable(model.diffusion_model)
     assert len(adapter_for(model).layers(model)) == 4
 
 

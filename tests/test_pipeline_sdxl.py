@@ -13,8 +13,9 @@ import family_configs as fc
 import pytest
 import torch
 from adapter_checks import assert_layers_equal_reference, assert_same_lora_grads, lora_grads, with_lora
-from engine_runs import assert_same_lora, pipeline_config, run_to_end
+from engine_runs import assert_same_lora, pipeline_config, run_all_to_end
 from PipeTrain.engine.config import ConfigError
+from trainable import ensure_trainable
 
 SDXL = next(f for f in fc.FAMILIES if f.name == "sdxl")
 
@@ -37,10 +38,8 @@ def _sd15(latent=(4, 8, 8)):
 
 
 def _model(family):
-    from PipeTrain.engine.patches import ensure_patched
 
     model = fc.build(family)
-    ensure_patched(model.diffusion_model)  # as the engine loads it
     return model
 
 
@@ -50,7 +49,7 @@ def _prepared(model, family, items: int = 2):
     batches = [fc.batch(family, seed=i + 1) for i in range(items)]
     latents = torch.cat([b[0] for b in batches])
     conds = [b[1][0] for b in batches]
-    return DiffusionObjective(model, seed=3).prepare(latents, conds, list(range(items)))
+    return ensure_trainable(model, DiffusionObjective(model, seed=3).prepare(latents, conds, list(range(items))))
 
 
 CASES = {
@@ -159,8 +158,8 @@ def test_sdxl_two_stage_pipeline_trains_like_one_process(tmp_path, comfy_root, s
     # One thread per rank in both runs: the single process would otherwise take 2, which on a busy
     # 2-core machine made its steps 15x slower than the pipelined ranks'.
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    plain = run_to_end(pipeline_config(tmp_path / "plain", comfy_root, sdxl_files, 1, 1, grad_accum))
-    piped = run_to_end(pipeline_config(tmp_path / "piped", comfy_root, sdxl_files, 2, 2, grad_accum))
+    plain, piped = run_all_to_end(pipeline_config(tmp_path / "plain", comfy_root, sdxl_files, 1, 1, grad_accum),
+                                  pipeline_config(tmp_path / "piped", comfy_root, sdxl_files, 2, 2, grad_accum))
     assert plain.losses() == pytest.approx(piped.losses(), rel=1e-5, abs=1e-7)
     # A missing stage shows up as missing keys, a wrong stage gradient as differences of about the
     # learning rate (1e-3). AdamW divides each gradient by its own size, so an element whose gradient

@@ -1,16 +1,24 @@
 """LTX-Video (comfy.ldm.lightricks.model.LTXVModel) as pipeline stage layers.
 
-Mirrors BaseModel._apply_model + LTXV.process_timestep + LTXVModel._forward of ComfyUI 0.3.75:
+Two hosts' shapes of LTXVModel._forward. ComfyUI 0.3.75 writes it in one piece; the layers mirror
+it (BaseModel._apply_model + LTXV.process_timestep + _forward). 0.33 and later split it into the
+model's own steps (`_process_input`, `_prepare_timestep`, `_prepare_context`,
+`_prepare_attention_mask`, `_prepare_positional_embeddings`, `_process_output`); where the host's
+model has them, the layers call them in _forward's order instead. Conditioning covered:
 T5 context with its attention mask (LTXV's forward requires one), the frame rate (LTXVConditioning),
 the latent noise mask of image-to-video (denoise_mask: per-token timesteps) and LTXVAddGuide's
 keyframe_idxs (pixel positions of the guide tokens). Refused: any other conditioning, and
 `patches_replace` block replacements (the engine sets none).
 
-The blocks run engine/patches_ltxv.py's out-of-place forward (engine/patches.py: ensure_patched);
-`layers` refuses a model whose blocks would still run ComfyUI's in-place one, which under activation
-checkpointing gives silently wrong gradients (MODEL-NOTES.md, LTXV).
+The blocks run engine/patches/ltxv.py's out-of-place forward where the probe finds upstream's in
+place (engine.patches.make_trainable); `layers` refuses a model that was not made trainable, whose
+blocks could still run ComfyUI's in-place one, which under activation checkpointing gives silently
+wrong gradients (MODEL-NOTES.md, LTXV).
 
-Tensors passed between stages: x, context, mask, timestep, embedded, pe, xt, sigma.
+Tensors passed between stages: x, context, mask, timestep, embedded, pe, xt, sigma (0.3.75), plus
+prompt_timestep and grid (0.33 and later: the cross-attention AdaLN timestep, empty when the model
+has none, and LTXVAddGuide's token filter as floats, empty when no guide drops tokens); 0.33's rope
+is (matrix, split flag): the matrix travels, the flag is the model's own setting.
 `mask` is the text attention mask as the cache holds it (integers, so DeepSpeed sends no gradient
 for it); each block turns it into the additive mask exactly as _forward does once. `embedded` is
 adaln_single's embedded timestep, which the head's modulation needs; xt and sigma are for ComfyUI's
@@ -35,10 +43,21 @@ def _additive(mask, dtype):
     return (mask - 1).to(dtype).reshape((mask.shape[0], 1, -1, mask.shape[-1])) * torch.finfo(dtype).max
 
 
+def _host_steps(dm) -> bool:
+    """Whether the host's model splits _forward into its own steps (ComfyUI 0.33 and later)."""
+    return all(hasattr(dm, n) for n in ("_process_input", "_prepare_timestep", "_prepare_context",
+                                        "_prepare_attention_mask", "_prepare_positional_embeddings",
+                                        "_process_output"))
+
+
+def _embedders(dm):
+    extra = [getattr(dm, "prompt_adaln_single", None), getattr(dm, "caption_projection", None)]
+    return [dm.patchify_proj, dm.adaln_single, *[m for m in extra if isinstance(m, nn.Module)]]
+
+
 class _Embed(EmbedLayer):
     def __init__(self, base):
-        dm = base.diffusion_model
-        super().__init__(base, [dm.patchify_proj, dm.adaln_single, dm.caption_projection])
+        super().__init__(base, _embedders(base.diffusion_model))
 
     def forward(self, inputs):
         from comfy.ldm.lightricks.model import latent_to_pixel_coords, precompute_freqs_cis
@@ -76,12 +95,59 @@ class _Embed(EmbedLayer):
         return x, context, mask, timestep, embedded, pe, xt, sigma
 
 
-class _Block(nn.Module):
-    def __init__(self, block):
-        super().__init__()
-        self.block = block
+class _StepsEmbed(EmbedLayer):
+    """The embedding through the host model's own steps (0.33 and later), in _forward's order."""
+
+    def __init__(self, base):
+        super().__init__(base, _embedders(base.diffusion_model))
 
     def forward(self, inputs):
+        from comfy.model_base import convert_tensor
+
+        xt, sigma, context, mask, frame_rate, denoise_mask, keyframe_idxs = inputs
+        base, dm = self._refs
+        xc, t, context, dtype = apply_model_start(base, sigma, xt, context)
+        device = xc.device
+        mask = convert_tensor(mask, dtype, device)
+        denoise_mask, keyframe_idxs = (None if v is None else convert_tensor(v, dtype, device)
+                                       for v in (or_none(denoise_mask), or_none(keyframe_idxs)))
+        t = base.process_timestep(t, x=xt, denoise_mask=denoise_mask)
+        frame_rate = frame_rate.reshape(-1)[0].item()  # a Python number in ComfyUI (CONDConstant)
+
+        batch = xc.shape[0]
+        merged = dict(transformer_options(sigma))
+        x, pixel_coords, extra = dm._process_input(xc, keyframe_idxs, denoise_mask, **merged)
+        merged.update(extra)
+        timestep, embedded, prompt_timestep = dm._prepare_timestep(t, batch, xc.dtype, **merged)
+        context, _ = dm._prepare_context(context, batch, x, None)
+        pe, _split = dm._prepare_positional_embeddings(pixel_coords, frame_rate, xc.dtype)
+        grid = extra.get("grid_mask")
+        grid = xt.new_zeros((batch, 0)) if grid is None else grid.to(torch.float32)[None].expand(batch, -1)
+        return (x, context, mask, timestep, embedded, pe, stage_input(prompt_timestep, xt), grid.contiguous(),
+                xt, sigma)
+
+
+class _Block(nn.Module):
+    def __init__(self, block, dm=None):
+        super().__init__()
+        self.block = block
+        self._dm = (dm,)  # the host model for its own steps (0.33 and later), else None
+
+    def steps_forward(self, inputs):
+        from comfy.ldm.lightricks.model import LTXRopeType
+
+        x, context, mask, timestep, embedded, pe, prompt_timestep, grid, xt, sigma = inputs
+        dm = self._dm[0]
+        split = dm.split_positional_embedding == LTXRopeType.SPLIT  # the rope's flag, as the model sets it
+        # self_attention_mask: only LTXVAddGuide's attention entries make one, and first_stage_inputs refuses them
+        x = self.block(x, context=context, attention_mask=dm._prepare_attention_mask(mask, x.dtype),
+                       timestep=timestep, pe=(pe, split), transformer_options=transformer_options(sigma),
+                       self_attention_mask=None, prompt_timestep=or_none(prompt_timestep))
+        return x, context, mask, timestep, embedded, pe, prompt_timestep, grid, xt, sigma
+
+    def forward(self, inputs):
+        if self._dm[0] is not None:
+            return self.steps_forward(inputs)
         x, context, mask, timestep, embedded, pe, xt, sigma = inputs
         x = self.block(x, context=context, attention_mask=_additive(mask, x.dtype), timestep=timestep, pe=pe,
                        transformer_options=transformer_options(sigma))
@@ -105,6 +171,23 @@ class _Head(HeadLayer):
                                        out_channels=shape[1] // math.prod(dm.patchifier.patch_size))
         # context, timestep, pe: unused here, kept in the graph for DeepSpeed (common.keep_in_graph)
         return keep_in_graph(self.model_sampling.calculate_denoised(sigma, out.float(), xt), context, timestep, pe)
+
+
+class _StepsHead(HeadLayer):
+    owned = ("norm_out", "proj_out", "scale_shift_table")
+
+    def forward(self, inputs):
+        x, context, _mask, timestep, embedded, pe, prompt_timestep, grid, xt, sigma = inputs
+        dm = self._dm[0]
+        shape = list(xt.shape)  # _forward's orig_shape: LTXV has no concat channels
+        extra = {"orig_shape": shape}
+        keyframes = None
+        if grid.numel():  # guide tokens were filtered: _process_output scatters back into the whole grid
+            extra.update(grid_mask=grid[0] > 0.5, orig_patchified_shape=[shape[0], grid.shape[1], shape[1] * math.prod(dm.patchifier.patch_size)])
+            keyframes = grid.new_zeros((1, 1, 1))  # _process_output only asks whether there are keyframes
+        out = dm._process_output(x, embedded, keyframes, **extra)
+        return keep_in_graph(self.model_sampling.calculate_denoised(sigma, out.float(), xt), context, timestep, pe,
+                             prompt_timestep, grid)
 
 
 class LTXVAdapter:
@@ -142,11 +225,13 @@ class LTXVAdapter:
 
     @staticmethod
     def layers(base_model) -> list[nn.Module]:
-        from ..patches import missing_patches, stale_blocks
+        from ..patches import is_trainable, stale_blocks
 
         dm = base_model.diffusion_model
-        if missing_patches(dm) or stale_blocks(dm):
-            raise ConfigError("LTX-Video's blocks must run PipeTrain's out-of-place forward (engine/patches.py: "
-                              "ensure_patched, before activation checkpointing wraps them); ComfyUI's in-place one "
-                              "gives wrong gradients under checkpointing.")
+        if not is_trainable(dm) or stale_blocks(dm):
+            raise ConfigError("LTX-Video's blocks must be made trainable first (engine.patches.make_trainable, "
+                              "before activation checkpointing wraps them): ComfyUI's in-place forward gives wrong "
+                              "gradients under checkpointing.")
+        if _host_steps(dm):
+            return [_StepsEmbed(base_model), *[_Block(b, dm) for b in dm.transformer_blocks], _StepsHead(base_model)]
         return [_Embed(base_model), *[_Block(b) for b in dm.transformer_blocks], _Head(base_model)]

@@ -1,20 +1,21 @@
-"""A generic check for the in-place trap, for blocks PipeTrain has no out-of-place copy of.
+"""The last net under the probe: a block that writes into its input on its first real call stops
+training with an error naming it.
 
-engine/patches.py replaces the in-place block forwards of the families it knows (ComfyUI 0.3.75).
-A newer ComfyUI can add a family whose blocks also update their input in place (LTX-2's
-BasicAVTransformerBlock does `vx += ...`), or change a known one. LoRA backward then fails with a
-bare autograd error, and under activation checkpointing it can run and give wrong gradients
-(MODEL-NOTES.md finding 2). So every block gets a one-shot hook on its first call: if a tensor it
-was given (a positional or keyword argument, or one inside a tuple/list argument) has a newer
-autograd version after the block ran, the block wrote into its input, and training stops with a
-message that names the block class. The hooks remove themselves after that first call.
+engine/patches/trainable.py probes the first block of each class on a small input before training.
+A block can still take another path on the real batch (another resolution, a mask the probe's
+input lacked), and an in-place update of its input then makes LoRA backward fail with a bare
+autograd error, or, under activation checkpointing, gives wrong gradients (MODEL-NOTES.md finding
+2). So every block gets a one-shot hook on its first call: if a tensor it was given (a positional
+or keyword argument, or one inside a tuple/list argument) has a newer autograd version after the
+block ran, the block wrote into its input, and training stops with a message that names the block
+class. The hooks remove themselves after that first call.
 """
 from __future__ import annotations
 
 import torch
 from torch import nn
 
-from .blocks import blocks
+from ..blocks import blocks
 
 
 class InPlaceBlockError(RuntimeError):
@@ -48,8 +49,9 @@ def guard_blocks(diffusion_model: nn.Module) -> int:
                     f"block {index} ({type(module).__module__}.{type(module).__qualname__}) updated an input tensor "
                     f"{shape} in place. LoRA training needs an out-of-place forward for it (its backward fails, "
                     "and with activation checkpointing gradients can be silently wrong). PipeTrain has such "
-                    "forwards for ComfyUI 0.3.75's Flux-style, Hunyuan and LTXV blocks (engine/patches_*.py); "
-                    "this block needs one added there, or use a ComfyUI whose version of it PipeTrain supports.")
+                    "forwards for the Flux-style, Hunyuan and LTXV blocks (engine/patches/); this block needs one "
+                    "added there, or use a ComfyUI release PipeTrain supports for this model "
+                    "(docs/comfyui-versions.md).")
 
         state["handles"] = (block.register_forward_pre_hook(before, with_kwargs=True),
                             block.register_forward_hook(after, with_kwargs=True))
