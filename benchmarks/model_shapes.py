@@ -249,7 +249,9 @@ def build(shape: Shape, device: str = "meta"):
     """ComfyUI's BaseModel for `shape`, weights uninitialised (device 'meta' allocates nothing)."""
     import comfy.supported_models
 
-    return getattr(comfy.supported_models, shape.family)(dict(shape.config)).get_model({}, device=device)
+    from PipeTrain.tools.tiny_config import host_config  # the keys a newer host's classes require, as detection fills them
+
+    return getattr(comfy.supported_models, shape.family)(host_config(shape.config)).get_model({}, device=device)
 
 
 def detect(state_dict: dict) -> tuple[str, dict] | None:
@@ -271,6 +273,25 @@ def param_count(shape: Shape) -> int:
     return sum(p.numel() for p in build(shape).diffusion_model.state_dict().values())
 
 
+def random_state(diffusion_model, seed: int = 0) -> dict:
+    """bf16 random values (on the CPU) for every tensor of the model's state dict, by write_random's rule."""
+    import torch
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    gen = torch.Generator(device=device).manual_seed(seed)
+    norms = (torch.nn.LayerNorm, torch.nn.GroupNorm, torch.nn.RMSNorm)
+    scales = {f"{m}.weight" for m, mod in diffusion_model.named_modules() if isinstance(mod, norms)}
+    state = {}
+    for name, p in diffusion_model.state_dict().items():
+        if p.ndim >= 2:
+            t = torch.randn(p.shape, generator=gen, device=device, dtype=torch.bfloat16).mul_(0.02)
+        else:
+            scale = name in scales or "norm" in name
+            t = (torch.ones if scale else torch.zeros)(p.shape, dtype=torch.bfloat16, device=device)
+        state[name] = t.cpu()
+    return state
+
+
 def write_random(shape: Shape, path: str | Path, seed: int = 0) -> int:
     """Write a bf16 random-init diffusion-model file ComfyUI detects as `shape`; returns the parameter count.
 
@@ -279,23 +300,10 @@ def write_random(shape: Shape, path: str | Path, seed: int = 0) -> int:
     scale there makes the output a constant and every LoRA gradient zero). Drawn on the GPU when there
     is one (a 12B model takes minutes to draw on a CPU).
     """
-    import torch
     from safetensors.torch import save_file
 
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    gen = torch.Generator(device=device).manual_seed(seed)
-    model = build(shape).diffusion_model
-    norms = (torch.nn.LayerNorm, torch.nn.GroupNorm, torch.nn.RMSNorm)
-    scales = {f"{m}.weight" for m, mod in model.named_modules() if isinstance(mod, norms)}
-    state, count = {}, 0
-    for name, p in model.state_dict().items():
-        if p.ndim >= 2:
-            t = torch.randn(p.shape, generator=gen, device=device, dtype=torch.bfloat16).mul_(0.02)
-        else:
-            scale = name in scales or "norm" in name
-            t = (torch.ones if scale else torch.zeros)(p.shape, dtype=torch.bfloat16, device=device)
-        state[name] = t.cpu()
-        count += t.numel()
+    state = random_state(build(shape).diffusion_model, seed)
+    count = sum(t.numel() for t in state.values())
     tmp = Path(f"{path}.tmp")
     save_file(state, str(tmp))
     tmp.replace(path)
