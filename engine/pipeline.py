@@ -25,8 +25,12 @@ from .distributed import deepspeed_config
 from .objective import DiffusionObjective, native_loss
 
 
-def build_engine(cfg: RunConfig, model, objective: DiffusionObjective, optimizer_factory, scheduler_factory):
-    """The PipelineEngine for this rank's stage. Returns (engine, adapter)."""
+def build_engine(cfg: RunConfig, model, objective: DiffusionObjective, optimizer_factory, scheduler_factory,
+                 dataset=None, device: torch.device | None = None):
+    """The PipelineEngine for this rank's stage. Returns (engine, adapter).
+
+    dataset (with device): the cache, whose first item the stage layers are checked on against
+    ComfyUI's apply_model before anything is cut (engine/pipeline_check.py); a mismatch is refused."""
     import deepspeed
 
     from .models import adapter_for
@@ -38,6 +42,10 @@ def build_engine(cfg: RunConfig, model, objective: DiffusionObjective, optimizer
                           f"divisible by pipeline_stages ({stages}).")
     adapter = adapter_for(model)
     layers = [_BoundarySafe(layer) for layer in adapter.layers(model)]
+    if dataset is not None:
+        from .pipeline_check import check_stage_layers
+
+        check_stage_layers(adapter, model, layers, objective, dataset, device or torch.device("cpu"))
     parts, cut = stage_bounds(cfg.memory.pipeline_split, stages, len(layers)), "memory.pipeline_split"
     if parts is None:
         parts, cut = default_bounds(adapter.partition, stages, len(layers)), _CUTS[adapter.partition]

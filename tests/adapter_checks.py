@@ -14,7 +14,7 @@ from engine_runs import (
     assert_same_lora,
     loss_and_lora_grads,
     pipeline_config,
-    run_to_end,
+    run_all_to_end,
     trainable_lora,
 )
 from PipeTrain.engine.config import ConfigError
@@ -131,11 +131,11 @@ def assert_text_only_inputs(model, prepare) -> None:
 
 
 def two_process_runs(tmp_path, comfy_root, files, grad_accum: int = 1, **memory):
-    """Two engine runs of engine_runs.pipeline_config over files = (model file, cache dir): one plain
-    process, and a 2-stage pipeline on 2 DeepSpeed gloo ranks (memory: changes to its MemorySpec)."""
-    plain = run_to_end(pipeline_config(tmp_path / "plain", comfy_root, files, 1, 1, grad_accum))
+    """Two engine runs of engine_runs.pipeline_config over files = (model file, cache dir), side by side:
+    one plain process, and a 2-stage pipeline on 2 DeepSpeed gloo ranks (memory: changes to its MemorySpec)."""
     cfg = pipeline_config(tmp_path / "piped", comfy_root, files, 2, 2, grad_accum)
-    piped = run_to_end(dataclasses.replace(cfg, memory=dataclasses.replace(cfg.memory, **memory)))
+    plain, piped = run_all_to_end(pipeline_config(tmp_path / "plain", comfy_root, files, 1, 1, grad_accum),
+                                  dataclasses.replace(cfg, memory=dataclasses.replace(cfg.memory, **memory)))
     return plain, piped
 
 

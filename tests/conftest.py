@@ -32,6 +32,8 @@ except Exception as exc:  # noqa: BLE001
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "slow: takes more than a few seconds (real ComfyUI server, training runs)")
+    config.addinivalue_line("markers", "core: the core suite, also run on the second ComfyUI (scripts/test.sh: "
+                            "ComfyUI 0.33.0 with `-m core`)")
 
 
 @pytest.fixture(scope="session")

@@ -2,10 +2,13 @@
 in the form the latent cache holds it (engine/cache_format.py: ComfyUI's cond names, batch dim
 removed), for tests/test_families_*.py.
 
-The configs are the smallest ones ComfyUI's classes accept (MODEL-NOTES.md, "Tiny recipe"). They
-are built through `comfy.supported_models.<Class>(config).get_model({})`, the classes ComfyUI's
-detection picks for real files: detection itself pins full-size widths for most families
-(ENVIRONMENT.md), so a tiny detectable file exists only for Wan and SD1.5-class UNets.
+The configs are the smallest ones ComfyUI's classes accept (MODEL-NOTES.md, "Tiny recipe"), written
+as ComfyUI 0.3.75 takes them (`Family.recipe`); `Family.config` adds what a newer host's classes
+require, with the values its detection gives a real file (tools/tiny_config.py). They are built
+through `comfy.supported_models.<Class>(config).get_model({})`, the classes ComfyUI's detection
+picks for real files: detection itself pins full-size widths for most families (ENVIRONMENT.md), so
+a tiny detectable file exists only for Wan and SD1.5-class UNets (tests/tiny_detected.py replaces
+the pinned values for the engine runs of some others).
 """
 from __future__ import annotations
 
@@ -13,6 +16,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
+
+from tools.tiny_config import host_config
 
 T = 6  # text tokens: unpadded, so no attention mask is needed (MODEL-NOTES.md finding 7)
 
@@ -36,13 +41,18 @@ class Family:
     """One tiny model plus the cond dict of one cached item for one mode."""
     name: str
     supported: str  # comfy.supported_models class name
-    config: dict
+    recipe: dict  # the tiny config as ComfyUI 0.3.75 takes it; build with `config`
     latent: tuple  # raw VAE latent of one item, batch dim removed
     text_width: int
     mode: str  # t2i | t2v | i2v | edit | guidance
     extras: Callable[[torch.Generator], dict[str, Any]] = field(default=lambda g: {})
     group: str = ""  # ComfyUI code family (for the docs table)
     train: dict = field(default_factory=dict)  # objective options (t_range for the Wan 2.2 experts)
+
+    @property
+    def config(self) -> dict:
+        """The recipe plus the keys the imported ComfyUI's model class requires (a fresh dict)."""
+        return host_config(self.recipe)
 
 
 def _r(g, *shape):

@@ -13,7 +13,7 @@ from tools.comfy_server import ComfyError, ComfyInterrupted
 from engine_runs import engine_processes
 from tools.demo import demo_prompt
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.core]
 
 NODES = ["PipeTrainLoadDataset", "PipeTrainCacheLatents", "PipeTrainConfigureLoRA", "PipeTrainMemoryOptions",
          "PipeTrainTrainPipeline", "PipeTrainSaveLoRA"]

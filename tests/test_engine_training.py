@@ -12,7 +12,7 @@ import torch
 from safetensors.torch import load_file
 
 from PipeTrain.engine.config import MemorySpec
-from engine_runs import EngineRun, engine_processes, build_cache, make_config, run_to_end, with_train
+from engine_runs import EngineRun, engine_processes, build_cache, make_config, run_all_to_end, run_to_end, with_train
 
 pytestmark = pytest.mark.slow
 
@@ -47,8 +47,8 @@ def test_loss_falls_and_lora_is_written(config):
 def test_two_processes_equal_one_process_with_grad_accum(config):
     """2 ranks x gas 1 see the same samples and noise as 1 rank x gas 2: same losses, same LoRA."""
     fp32 = MemorySpec(base_dtype="float32")  # on a GPU 'auto' is half precision: compare like with like
-    one = run_to_end(config("one", processes=1, steps=6, grad_accum=2, memory=fp32))
-    two = run_to_end(config("two", processes=2, steps=6, grad_accum=1, memory=fp32))
+    one, two = run_all_to_end(config("one", processes=1, steps=6, grad_accum=2, memory=fp32),
+                              config("two", processes=2, steps=6, grad_accum=1, memory=fp32))
     assert two.of("started")[0]["world_size"] == 2
     assert one.losses() == pytest.approx(two.losses(), rel=1e-4, abs=1e-6)
     a, b = _lora(one), _lora(two)
@@ -57,6 +57,7 @@ def test_two_processes_equal_one_process_with_grad_accum(config):
         torch.testing.assert_close(a[k], b[k], rtol=1e-3, atol=1e-5)
 
 
+@pytest.mark.core
 def test_resume_from_a_mid_run_checkpoint_equals_uninterrupted(config, tmp_path):
     full = run_to_end(config("full", steps=8, checkpoint_every=4, scheduler="cosine", warmup_steps=2))
     # Continue a copy of that run from its step-4 checkpoint, as if it had stopped there.
@@ -76,6 +77,7 @@ def test_resume_from_a_mid_run_checkpoint_equals_uninterrupted(config, tmp_path)
         torch.testing.assert_close(a[k], b[k], rtol=1e-5, atol=1e-7)
 
 
+@pytest.mark.core
 def test_cancel_ends_every_rank_quickly_and_leaves_a_checkpoint(config):
     run = EngineRun(config(processes=2, steps=100_000))
     run.wait_for("step", min_step=2, timeout=240)
@@ -111,7 +113,9 @@ def test_a_crashing_rank_fails_the_run_with_its_error(config, cache_dir, tmp_pat
     assert time.time() - started < 120
 
 
-def test_rank_processes_are_gone_after_runs():
-    """Nothing from the runs above outlives them (no orphan rank holding memory)."""
-    mine = engine_processes("pytest-of")
+@pytest.mark.core
+def test_rank_processes_are_gone_after_runs(tmp_path_factory):
+    """Nothing from the runs above outlives them (no orphan rank holding memory). Only this session's
+    runs (under its base temp folder): another session may be training beside it (scripts/test.sh)."""
+    mine = engine_processes(str(tmp_path_factory.getbasetemp()))
     assert not mine, mine

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine_runs import assert_same_lora, build_cache, make_config, run_to_end
+from engine_runs import assert_same_lora, build_cache, make_config, run_all_to_end
 from PipeTrain.engine.cache_format import CachedDataset
 from PipeTrain.engine.config import ConfigError, LoraSpec, MemorySpec, RunConfig, TrainSpec
 from PipeTrain.engine.eval_spec import EVAL_QUANTILES, EvalSpec
@@ -45,10 +45,11 @@ def runs(tmp_path_factory, comfy_root, demo_base, cache_dir):
         return make_config(root / name, comfy_root, demo_base, cache_dir, processes=processes, grad_accum=grad_accum,
                            lora=DROPOUT, memory=FP32, **train)
 
-    return {"plain": run_to_end(config("no_eval"), timeout=900),
-            "one": run_to_end(_with_eval(config("one"), cache_dir, every=5), timeout=900),
-            "two": run_to_end(_with_eval(config("two", processes=2, grad_accum=1), cache_dir, every=5), timeout=900),
-            "seed1": run_to_end(_with_eval(config("seed1", seed=1, steps=1), cache_dir, every=0), timeout=900)}
+    names = ("plain", "one", "two", "seed1")
+    runs = run_all_to_end(config("no_eval"), _with_eval(config("one"), cache_dir, every=5),
+                          _with_eval(config("two", processes=2, grad_accum=1), cache_dir, every=5),
+                          _with_eval(config("seed1", seed=1, steps=1), cache_dir, every=0), timeout=900)
+    return dict(zip(names, runs))
 
 
 def test_eval_repeats_leaves_training_unchanged_and_falls(runs, cache_dir):
@@ -107,8 +108,7 @@ def test_two_stage_pipeline_reports_what_one_process_reports(tmp_path, comfy_roo
                          launch=LaunchSpec(num_gpus=processes), eval=EvalSpec(cache_dir=cache, every=2,
                                                                               before_start=True))
 
-    one = run_to_end(config("one", 1, 1), timeout=900)
-    piped = run_to_end(config("piped", 2, 2), timeout=900)
+    one, piped = run_all_to_end(config("one", 1, 1), config("piped", 2, 2), timeout=900)
     a, b = _evals(one), _evals(piped)
     assert sorted(a) == sorted(b) == [0, 2]
     assert piped.losses() == pytest.approx(one.losses(), rel=1e-5, abs=1e-7)  # training untouched by the eval

@@ -14,7 +14,7 @@ import requests
 from tools.comfy_server import PACK_NAME
 from tools.tiny_assets import write_demo_base
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.core]
 REPO = Path(__file__).resolve().parent.parent
 WORKFLOWS = REPO / "example_workflows"
 

@@ -9,6 +9,8 @@ import pytest
 import family_configs as fc
 import family_harness
 
+pytestmark = pytest.mark.core
+
 
 @pytest.fixture(scope="module")
 def comfy(comfy_root):

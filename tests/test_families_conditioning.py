@@ -6,6 +6,8 @@ import torch
 import family_configs as fc
 from PipeTrain.engine.config import ConfigError, TrainSpec
 
+pytestmark = pytest.mark.core
+
 
 @pytest.fixture(scope="module")
 def comfy(comfy_root):

@@ -155,25 +155,25 @@ def test_a_shallow_model_trains_a_step_on_cpu(comfy, name):
     keys and latent layout fit the model, and a LoRA on it gets gradients."""
     import torch
     from family_configs import init_weights
-    # the pack's engine (as every engine test imports it): engine/patches.py keeps which ComfyUI functions
-    # it replaced, and a second copy of the module (imported as `engine`) would take those for upstream changes
+    # the pack's engine (as every engine test imports it): engine/patches keeps which ComfyUI functions
+    # it replaced, and a second copy of the package (imported as `engine`) would not know them
     from PipeTrain.engine.config import LoraSpec
     from PipeTrain.engine.lora import inject_lora, lora_parameters
     from PipeTrain.engine.objective import DiffusionObjective
-    from PipeTrain.engine.patches import ensure_patched
+    from trainable import make_trainable
 
     shape = ms.shallow(ms.SHAPES[name], 1)
     size, frames = (128, 9) if shape.spatial == 32 else (64, 5)
     model = ms.build(shape, device="cpu")
     init_weights(model.diffusion_model)
-    ensure_patched(model.diffusion_model)  # as engine/model_loading.py does after loading
     model.requires_grad_(False)
-    inject_lora(model.diffusion_model, LoraSpec(rank=4, targets="all_linear"))
     latents = torch.randn((1, *shape.latent(size, frames)))
     cond = ms.sample_cond(shape, size=size, frames=frames)
     cond["cross_attn"] = cond["cross_attn"][:8]  # a short caption: the layout matters here, not the length
     if "attention_mask" in cond["extras"]:
         cond["extras"]["attention_mask"] = cond["extras"]["attention_mask"][:8]
+    make_trainable(model, latents, [cond])  # as engine/train.py does after loading
+    inject_lora(model.diffusion_model, LoraSpec(rank=4, targets="all_linear"))
     loss = DiffusionObjective(model, seed=0)(latents, [cond], [0])
     assert torch.isfinite(loss)
     loss.backward()

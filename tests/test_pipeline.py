@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import tiny_wan
-from engine_runs import assert_same_lora, run_to_end, stage_layers_forward
+from engine_runs import assert_same_lora, run_all_to_end, run_to_end, stage_layers_forward
 from PipeTrain.engine.config import LaunchSpec, LoraSpec, MemorySpec, RunConfig, TrainSpec
 
 
@@ -58,8 +58,8 @@ def _config(run_dir: Path, comfy_root: str, wan_files, processes: int, stages: i
 @pytest.mark.slow
 @pytest.mark.parametrize("grad_accum", [1, 4, 8])
 def test_two_stage_pipeline_trains_like_one_process(tmp_path, comfy_root, wan_files, grad_accum):
-    plain = run_to_end(_config(tmp_path / "plain", comfy_root, wan_files, 1, 1, grad_accum))
-    piped = run_to_end(_config(tmp_path / "piped", comfy_root, wan_files, 2, 2, grad_accum))
+    plain, piped = run_all_to_end(_config(tmp_path / "plain", comfy_root, wan_files, 1, 1, grad_accum),
+                                  _config(tmp_path / "piped", comfy_root, wan_files, 2, 2, grad_accum))
     assert plain.losses() == pytest.approx(piped.losses(), rel=1e-5, abs=1e-7)
     # A missing stage shows up as missing keys, a gas scaling error on one stage as a factor of gas.
     a = assert_same_lora(plain.cfg.run_dir, piped.cfg.run_dir, rtol=1e-4, atol=1e-6)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import family_configs as fc
 import pytest
 import torch
+from trainable import ensure_trainable
 from adapter_checks import (assert_layers_equal_reference, assert_only_adapter, assert_same_lora_grads,
                             assert_text_only_inputs, lora_grads, with_lora)
 from PipeTrain.engine.config import ConfigError
@@ -32,7 +33,7 @@ def _prepare(model, batch: int = 2, latent=(4, 8, 8)):
     gen = torch.Generator().manual_seed(1)
     latents = torch.randn((batch, *latent), generator=gen)
     conds = [{"cross_attn": torch.randn((fc.T, _AURA.text_width), generator=gen), "extras": {}} for _ in range(batch)]
-    return DiffusionObjective(model, seed=3).prepare(latents, conds, list(range(batch)))
+    return ensure_trainable(model, DiffusionObjective(model, seed=3).prepare(latents, conds, list(range(batch))))
 
 
 CASES = {  # case: (model config changes, _prepare arguments)

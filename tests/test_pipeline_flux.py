@@ -112,7 +112,8 @@ def test_unsupported_flux_variants_are_refused(comfy):
     assert_refused(model, prepared, "attention mask", attention_mask=torch.ones(1, 1, 1))
     # ComfyUI 0.33's reference method with a zero timestep for the references (per-range modulation)
     prepared = DiffusionObjective(model, seed=3).prepare(latents, conds, [0])
-    assert_refused(model, prepared, "index_timestep_zero.*pipeline_stages to 1", ref_latents_method="index_timestep_zero")
+    assert_refused(model, prepared, "index_timestep_zero.*pipeline_stages to 1",
+                   ref_latents_method="index_timestep_zero")
 
     import comfy.supported_models
 
@@ -125,11 +126,12 @@ def test_flux2_is_not_taken_by_the_flux_adapter(comfy):  # it has its own: tests
     import comfy.supported_models as sm
     from PipeTrain.engine.models import adapter_for
 
-    model = sm.Flux2(host_config(dict(image_model="flux2", axes_dim=[8, 8, 8, 8], num_heads=2, mlp_ratio=3.0, theta=2000,
-                          out_channels=128, global_modulation=True, vec_in_dim=None, mlp_silu_act=True,
-                          qkv_bias=False, ops_bias=False, default_ref_method="index", ref_index_scale=10.0,
-                          in_channels=128, hidden_size=64, context_in_dim=96, patch_size=1, depth=1,
-                          depth_single_blocks=2, guidance_embed=True))).get_model({})
+    config = dict(image_model="flux2", axes_dim=[8, 8, 8, 8], num_heads=2, mlp_ratio=3.0, theta=2000,
+                  out_channels=128, global_modulation=True, vec_in_dim=None, mlp_silu_act=True,
+                  qkv_bias=False, ops_bias=False, default_ref_method="index", ref_index_scale=10.0,
+                  in_channels=128, hidden_size=64, context_in_dim=96, patch_size=1, depth=1,
+                  depth_single_blocks=2, guidance_embed=True)
+    model = sm.Flux2(host_config(config)).get_model({})
     assert adapter_for(model).name == "flux2"
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import family_configs as fc
 import pytest
 import torch
+from trainable import ensure_trainable
 from adapter_checks import (assert_layers_equal_reference, assert_only_adapter, assert_refused, assert_same_lora_grads,
                             lora_grads, run_layers, with_lora)
 
@@ -36,7 +37,7 @@ def _prepare(model, batch: int = 2, latent=(16, 8, 8), llama_layers: int = 2, ll
               "extras": {"pooled_output": torch.randn(32, generator=gen),
                          "conditioning_llama3": torch.randn((llama_layers, llama_tokens, _LLAMA_WIDTH), generator=gen)}}
              for _ in range(batch)]
-    return DiffusionObjective(model, seed=3).prepare(latents, conds, list(range(batch)))
+    return ensure_trainable(model, DiffusionObjective(model, seed=3).prepare(latents, conds, list(range(batch))))
 
 
 def _run_layers(model, prepared):

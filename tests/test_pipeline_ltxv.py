@@ -187,4 +187,6 @@ def test_two_stage_pipeline_trains_like_one_process(tmp_path, comfy_root, ltxv_f
     monkeypatch.setenv("OMP_NUM_THREADS", "1")  # one thread per rank in both runs (a busy 2-core machine)
     plain, piped = two_process_runs(tmp_path, comfy_root, ltxv_files)
     assert "pipeline stage 2/2" in piped.log()
+    # checked against apply_model before DeepSpeed built the stages (engine/pipeline_check.py)
+    assert "pipeline check: the ltxv stage layers reproduce ComfyUI" in piped.log()
     assert_every_lora_trained(assert_pipelined_like_plain(plain, piped))

@@ -11,6 +11,7 @@ from __future__ import annotations
 import family_configs as fc
 import pytest
 import torch
+from trainable import ensure_trainable
 from adapter_checks import (assert_every_lora_trained, assert_layers_equal_reference, assert_only_adapter,
                             assert_pipelined_like_plain, assert_refused, assert_same_lora_grads, lora_grads,
                             run_layers, two_process_runs, with_lora)
@@ -37,7 +38,7 @@ def _prepare(model, family: str = "lumina2", batch: int = 2, latent=(16, 6, 10),
     for _ in range(batch):
         extras = {} if mask is None else {"attention_mask": mask}
         conds.append({"cross_attn": torch.randn((text, _FAMILY[family].text_width), generator=gen), "extras": extras})
-    return DiffusionObjective(model, seed=3).prepare(latents, conds, list(range(batch)))
+    return ensure_trainable(model, DiffusionObjective(model, seed=3).prepare(latents, conds, list(range(batch))))
 
 
 CASES = {

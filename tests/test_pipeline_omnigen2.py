@@ -9,6 +9,7 @@ from __future__ import annotations
 import family_configs as fc
 import pytest
 import torch
+from trainable import ensure_trainable
 from adapter_checks import (assert_every_lora_trained, assert_layers_equal_reference, assert_only_adapter,
                             assert_pipelined_like_plain, assert_refused, assert_same_lora_grads, lora_grads,
                             run_layers, two_process_runs, with_lora)
@@ -43,7 +44,7 @@ def _prepare(model, batch: int = 2, latent=(16, 6, 10), refs=((16, 6, 8),), mask
         if refs:
             extras["reference_latents"] = [torch.randn((1, *shape), generator=gen) for shape in refs]
         conds.append({"cross_attn": torch.randn((fc.T, _OMNIGEN2.text_width), generator=gen), "extras": extras})
-    return DiffusionObjective(model, seed=3).prepare(latents, conds, list(range(batch)))
+    return ensure_trainable(model, DiffusionObjective(model, seed=3).prepare(latents, conds, list(range(batch))))
 
 
 CASES = {

@@ -10,6 +10,7 @@ from __future__ import annotations
 import family_configs as fc
 import pytest
 import torch
+from trainable import ensure_trainable
 from adapter_checks import (assert_layers_equal_reference, assert_pipelined_like_plain, assert_refused, lora_grads,
                             run_layers, two_process_runs, with_lora)
 
@@ -24,10 +25,12 @@ def _model(layers: int = 3):
     return model
 
 
-def _prepare(model, batch: int = 2, latent=(16, 1, 6, 10), refs=(), method: str | None = None):
+def _prepare(model, batch: int = 2, latent=(16, 1, 6, 10), refs=(), method: str | None = None,
+             mask: bool = False):
     """apply_model's inputs for cached items as engine.data.collate returns them.
 
-    refs: (height, width) of each Qwen-Image-Edit reference latent; method: reference_latents_method."""
+    refs: (height, width) of each Qwen-Image-Edit reference latent; method: reference_latents_method;
+    mask: a text attention mask with the last 2 tokens padded (ComfyUI 0.33+ passes it on)."""
     from PipeTrain.engine.objective import DiffusionObjective
 
     gen = torch.Generator().manual_seed(1)
@@ -39,8 +42,11 @@ def _prepare(model, batch: int = 2, latent=(16, 1, 6, 10), refs=(), method: str 
             extras["reference_latents"] = [torch.randn((1, latent[0], 1, h, w), generator=gen) for h, w in refs]
         if method is not None:
             extras["reference_latents_method"] = method
+        if mask:
+            extras["attention_mask"] = torch.ones(fc.T, dtype=torch.long)
+            extras["attention_mask"][-2:] = 0
         conds.append({"cross_attn": torch.randn((fc.T, _QWEN.text_width), generator=gen), "extras": extras})
-    prepared = DiffusionObjective(model, seed=3).prepare(latents, conds, list(range(batch)))
+    prepared = ensure_trainable(model, DiffusionObjective(model, seed=3).prepare(latents, conds, list(range(batch))))
     assert ("ref_latents" in prepared.kwargs) == bool(refs)
     assert ("ref_latents_method" in prepared.kwargs) == (method is not None)
     return prepared
@@ -59,6 +65,9 @@ CASES = {
     "edit-plus-2-refs-odd": dict(refs=((4, 6), (7, 5))),
     "edit-index-explicit": dict(refs=((4, 6), (6, 4)), method="index"),
     "edit-offset": dict(refs=((4, 6), (6, 4)), method="offset"),  # any other name: the offset layout
+    # ComfyUI 0.33+: references at indices -1, -2 (on 0.3.75 an unknown name: the offset layout)
+    "edit-negative-index": dict(refs=((4, 6), (6, 4)), method="negative_index"),
+    "padded-text-mask": dict(mask=True),  # reaches the blocks where the host's extra_conds passes it
 }
 
 
@@ -132,9 +141,19 @@ def test_edit_two_stage_pipeline_trains_like_one_process(tmp_path, comfy_root, e
     tiny_detected.use_tiny_detection(monkeypatch)
     plain, piped = two_process_runs(tmp_path, comfy_root, edit_files, grad_accum)
     assert "pipeline stage 2/2" in piped.log()
+    # checked against apply_model before DeepSpeed built the stages (engine/pipeline_check.py)
+    assert "pipeline check: the qwen_image stage layers reproduce ComfyUI" in piped.log()
     # atol 1e-5: Adam turns summation-order noise in a near-zero gradient into up to ~2e-6 on a few of
     # ~40k elements; a stage clipped, scaled or left out differs by 1e-4 or more (the steps are ~1e-3).
     a = assert_pipelined_like_plain(plain, piped)
     # A missing stage shows up as missing keys; every block but the last block's text stream trains.
     frozen = [k for k in a if k.endswith("lora_B.weight") and a[k].abs().sum() == 0]
     assert frozen and all(k.startswith("diffusion_model.transformer_blocks.3.") for k in frozen), frozen
+
+
+def test_reference_method_with_zero_timestep_is_refused(comfy):
+    """ComfyUI 0.33's "index_timestep_zero" (a second timestep for the references) is not reproduced."""
+    model = _model()
+    prepared = _prepare(model, batch=1, refs=((4, 6),))
+    assert_refused(model, prepared, "index_timestep_zero.*pipeline_stages to 1",
+                   ref_latents_method="index_timestep_zero")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import family_configs as fc
 import pytest
 import torch
+from trainable import ensure_trainable
 from adapter_checks import (assert_every_lora_trained, assert_layers_equal_reference, assert_only_adapter,
                             assert_pipelined_like_plain, assert_same_lora_grads, assert_text_only_inputs, lora_grads,
                             run_layers, two_process_runs, with_lora)
@@ -35,7 +36,7 @@ def _prepare(model, batch: int = 2, latent=(16, 8, 8), pooled: bool = True):
     latents = torch.randn((batch, *latent), generator=gen)
     conds = [{"cross_attn": torch.randn((fc.T, _SD3.text_width), generator=gen),
               "extras": {"pooled_output": torch.randn(32, generator=gen) if pooled else None}} for _ in range(batch)]
-    return DiffusionObjective(model, seed=3).prepare(latents, conds, list(range(batch)))
+    return ensure_trainable(model, DiffusionObjective(model, seed=3).prepare(latents, conds, list(range(batch))))
 
 
 def _run_layers(model, prepared):

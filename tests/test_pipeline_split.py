@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from trainable import ensure_trainable
 
 import tiny_wan
-from engine_runs import assert_same_lora, run_to_end
+from engine_runs import assert_same_lora, run_all_to_end, run_to_end
 from PipeTrain.engine.config import ConfigError, LaunchSpec, LoraSpec, MemorySpec, RunConfig, TrainSpec
 
 
@@ -63,11 +64,12 @@ def test_checkpointing_applies_inside_stage_layers(wan_files):
 
     def run(checkpointed: bool):
         model = comfy.sd.load_diffusion_model(wan_files[0]).model
-        if checkpointed:
-            enable_checkpointing(model.diffusion_model, "on")
         dataset = CachedDataset(wan_files[1])
         prepared = DiffusionObjective(model, seed=3).prepare(
             *collate(dataset, SampleStream([1] * len(dataset), 3), [0], torch.device("cpu")))
+        ensure_trainable(model, prepared)  # as the engine does: before checkpointing wraps the blocks
+        if checkpointed:
+            enable_checkpointing(model.diffusion_model, "on")
         adapter = adapter_for(model)
         layers = adapter.layers(model)
         acts = tuple(a.requires_grad_() if a.is_floating_point() else a for a in adapter.first_stage_inputs(prepared))
@@ -97,9 +99,10 @@ def _config(run_dir: Path, comfy_root: str, wan_files, processes: int, memory: M
 @pytest.mark.slow
 def test_manual_split_with_checkpointing_trains_like_one_plain_process(tmp_path, comfy_root, wan_files):
     # tiny Wan: layer 0 embedding, 1-4 blocks, 5 head. "2": stage 1 = embedding + block 0.
-    plain = run_to_end(_config(tmp_path / "plain", comfy_root, wan_files, 1, MemorySpec()))
-    piped = run_to_end(_config(tmp_path / "piped", comfy_root, wan_files, 2,
-                               MemorySpec(pipeline_stages=2, pipeline_split="2", activation_checkpointing="on")))
+    plain, piped = run_all_to_end(
+        _config(tmp_path / "plain", comfy_root, wan_files, 1, MemorySpec()),
+        _config(tmp_path / "piped", comfy_root, wan_files, 2,
+                MemorySpec(pipeline_stages=2, pipeline_split="2", activation_checkpointing="on")))
     log = (Path(piped.cfg.run_dir) / "train.log").read_text(errors="replace")
     assert "stage 1/2: layers 0-1 of 6 (memory.pipeline_split)" in log, "the split points were not used"
     assert "stage 2/2: layers 2-5 of 6" in log

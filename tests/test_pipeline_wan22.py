@@ -6,6 +6,7 @@ from __future__ import annotations
 import adapter_checks as ac
 import family_configs as fc
 import torch
+from trainable import ensure_trainable
 
 _TI2V = next(f for f in fc.FAMILIES if f.name == "wan22_5b_ti2v")
 _T2V = next(f for f in fc.FAMILIES if f.name == "wan22_5b")
@@ -15,7 +16,8 @@ def _prepared(family, model, seed: int = 3):
     from PipeTrain.engine.objective import DiffusionObjective
 
     latents, conds = fc.batch(family)
-    return DiffusionObjective(model, seed=seed).prepare(latents, conds, list(range(latents.shape[0])))
+    prepared = DiffusionObjective(model, seed=seed).prepare(latents, conds, list(range(latents.shape[0])))
+    return ensure_trainable(model, prepared)
 
 
 def test_ti2v_stage_layers_equal_comfyui_forward(comfy):

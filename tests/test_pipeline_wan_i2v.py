@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from trainable import ensure_trainable
 
 import tiny_wan
-from engine_runs import assert_same_lora, run_to_end, stage_layers_forward
+from engine_runs import assert_same_lora, run_all_to_end, stage_layers_forward
 from PipeTrain.engine.config import ConfigError, LaunchSpec, LoraSpec, MemorySpec, RunConfig, TrainSpec
 
 
@@ -30,7 +31,7 @@ def _prepared(model, cache):
 
     dataset = CachedDataset(cache)
     latents, conds, ids = collate(dataset, SampleStream([1] * len(dataset), 3), [0, 1], torch.device("cpu"))
-    return DiffusionObjective(model, seed=3).prepare(latents, conds, ids)
+    return ensure_trainable(model, DiffusionObjective(model, seed=3).prepare(latents, conds, ids))
 
 
 def test_i2v_stage_layers_equal_comfyui_forward(i2v_files):
@@ -79,7 +80,7 @@ def _config(run_dir: Path, comfy_root: str, files, processes: int, stages: int, 
 @pytest.mark.slow
 @pytest.mark.parametrize("grad_accum", [1, 4])
 def test_i2v_two_stage_pipeline_trains_like_one_process(tmp_path, comfy_root, i2v_files, grad_accum):
-    plain = run_to_end(_config(tmp_path / "plain", comfy_root, i2v_files, 1, 1, grad_accum))
-    piped = run_to_end(_config(tmp_path / "piped", comfy_root, i2v_files, 2, 2, grad_accum))
+    plain, piped = run_all_to_end(_config(tmp_path / "plain", comfy_root, i2v_files, 1, 1, grad_accum),
+                                  _config(tmp_path / "piped", comfy_root, i2v_files, 2, 2, grad_accum))
     assert plain.losses() == pytest.approx(piped.losses(), rel=1e-5, abs=1e-7)
     assert_same_lora(plain.cfg.run_dir, piped.cfg.run_dir, rtol=1e-4, atol=1e-6)

@@ -1,7 +1,9 @@
 """The training view in a real browser: headless Chromium (playwright-core) against a real ComfyUI
 server with the pack. Loads the example workflow, presses Run, sees the loss chart fill and a sample
 appear (strip and node preview), reloads the page mid-run and sees the chart come back, presses
-Cancel and sees training stop. The workflow is opened from ComfyUI's template browser. Screenshots: tests/artifacts/<time>/ (kept by CI as artifacts)."""
+Cancel and sees training stop, then sees SaveLoRA's returned text in its summary box. The workflow is
+opened from ComfyUI's template browser. Screenshots: tests/artifacts/<time>/ (kept by CI as artifacts).
+The same test runs on each supported ComfyUI (COMFYUI_PATH), so on each one's frontend."""
 from __future__ import annotations
 
 import json
@@ -15,7 +17,7 @@ from PIL import Image
 from engine_runs import engine_processes
 from tools.node_runtime import node_binary
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.core]
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -40,10 +42,15 @@ def test_run_chart_samples_reload_and_cancel_in_the_browser(comfy_server, demo_b
     assert summary["samples"]["samplesLoaded"] >= 1 and summary["samples"]["preview"] >= 1
     assert summary["reloaded"]["points"] >= summary["samples"]["points"], "the chart did not survive the reload"
     assert summary["cancelSeconds"] < 20, summary
+    assert not summary["internalImportNotices"], summary["internalImportNotices"]  # see also test_ui_chart.py
+    text = summary["summaryText"]  # SaveLoRA's returned text, shown in a read-only box, never saved
+    assert text["value"] == text["boxText"] == text["expected"] and text["box"] == "TEXTAREA", text
+    assert text["readOnly"] and text["inPage"] and text["inside"] and text["serialized"] == 0, text
+    assert text["lineHeight"] <= text["boxHeight"] <= 4 * text["lineHeight"], text  # one line, not a big empty box
     run_dir = Path(demo_base["base_dir"]) / "output" / "pipetrain" / run_name
     events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
     assert events[-1]["event"] == "cancelled", events[-3:]
     assert not engine_processes(str(run_dir)), "a training process outlived Cancel"
     assert (run_dir / "checkpoints" / "latest").is_file()
-    for name in ("02_chart.png", "03_samples.png", "04_after_reload.png", "05_cancelled.png"):
+    for name in ("02_chart.png", "03_samples.png", "04_after_reload.png", "05_cancelled.png", "06_summary.png"):
         assert (artifacts / name).stat().st_size > 10_000, name

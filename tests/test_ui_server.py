@@ -105,6 +105,7 @@ def test_reader_node_errors_name_the_fix(comfy_server, trained):
         comfy_server.run(graph, timeout=60)
 
 
+@pytest.mark.core
 def test_every_node_has_tooltips_and_a_help_page_and_the_template_is_listed(comfy_server):
     from PipeTrain.nodes import NODE_CLASS_MAPPINGS
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from engine_runs import assert_same_lora, build_cache, make_config, run_to_end, with_train
+from engine_runs import assert_same_lora, build_cache, make_config, run_all_to_end, run_to_end, with_train
 from no_deepspeed_env import make_env
 from PipeTrain.engine.config import ConfigError, LaunchSpec, RunConfig
 from tools.comfy_server import ComfyInterrupted, ComfyServer
@@ -29,15 +29,14 @@ def _plain(cfg: RunConfig) -> RunConfig:
 def test_plain_backend_equals_deepspeed_single_process(tmp_path, comfy_root, demo_base, cache_dir):
     cfg = make_config(tmp_path / "ds", comfy_root, demo_base, cache_dir, steps=6, grad_accum=2,
                       scheduler="cosine", warmup_steps=1)
-    ds = run_to_end(cfg)
-    plain = run_to_end(_plain(dataclasses.replace(cfg, run_dir=str(tmp_path / "plain"))))
+    ds, plain = run_all_to_end(cfg, _plain(dataclasses.replace(cfg, run_dir=str(tmp_path / "plain"))))
     assert plain.losses() == pytest.approx(ds.losses(), rel=1e-5, abs=1e-7)
     assert_same_lora(ds.cfg.run_dir, plain.cfg.run_dir, rtol=1e-4, atol=1e-6)
 
 
 def test_plain_backend_resume_equals_uninterrupted(tmp_path, comfy_root, demo_base, cache_dir):
-    full = run_to_end(_plain(make_config(tmp_path / "full", comfy_root, demo_base, cache_dir, steps=6)))
-    first = run_to_end(_plain(make_config(tmp_path / "part", comfy_root, demo_base, cache_dir, steps=3)))
+    full, first = run_all_to_end(_plain(make_config(tmp_path / "full", comfy_root, demo_base, cache_dir, steps=6)),
+                                 _plain(make_config(tmp_path / "part", comfy_root, demo_base, cache_dir, steps=3)))
     resumed = run_to_end(dataclasses.replace(with_train(first.cfg, steps=6), resume=True))
     assert [e["step"] for e in resumed.of("step")] == [4, 5, 6]
     assert first.losses() + resumed.losses() == pytest.approx(full.losses(), rel=1e-5, abs=1e-7)

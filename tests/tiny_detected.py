@@ -24,8 +24,9 @@ PINNED = {
     # LTX-Video: detection assumes 32 heads and a 4096-wide T5 input unless the file's metadata says otherwise.
     "ltxv": dict(num_attention_heads=2, attention_head_dim=32, caption_channels=48),
     "flux2": dict(num_heads=2, axes_dim=[8, 8, 8, 8]),
-    # Z-Image's tiny config (detection pins these only at dim 3840; the file's cap_pad_token still
-    # turns on the token padding). Loaded as the Lumina2 class: the same NextDiT, shift 6 not 3.
+    # Z-Image's tiny config (detection pins these only at dim 3840, and only there does a cap_pad_token
+    # turn on the token padding: _install_tiny_detection does that too). Loaded as the Lumina2 class:
+    # the same NextDiT, shift 6 not 3.
     "lumina2": dict(n_heads=8, n_kv_heads=8, n_refiner_layers=1, axes_dims=[8, 12, 12], axes_lens=[1536, 512, 512],
                     rope_theta=256.0, ffn_dim_multiplier=8 / 3, multiple_of=16, z_image_modulation=True,
                     time_scale=1000.0),
@@ -36,18 +37,24 @@ PINNED = {
 TEXT_TOKENS = 6
 
 
-def _install_tiny_detection() -> None:
-    import comfy.model_detection
-
-    detect = comfy.model_detection.detect_unet_config
+def tiny_detection(detect):
+    """comfy.model_detection.detect_unet_config `detect`, with the pinned values replaced by the tiny ones."""
 
     def tiny_detect(state_dict, key_prefix, metadata=None):
         config = detect(state_dict, key_prefix, metadata=metadata)
         if config is not None and config.get("image_model") in PINNED:
             config = {**config, **PINNED[config["image_model"]]}
+            if config["image_model"] == "lumina2" and f"{key_prefix}cap_pad_token" in state_dict:
+                config["pad_tokens_multiple"] = 32  # as detection's Z-Image branch does
         return config
 
-    comfy.model_detection.detect_unet_config = tiny_detect
+    return tiny_detect
+
+
+def _install_tiny_detection() -> None:
+    import comfy.model_detection
+
+    comfy.model_detection.detect_unet_config = tiny_detection(comfy.model_detection.detect_unet_config)
 
 
 def use_tiny_detection(monkeypatch) -> None:
@@ -72,7 +79,8 @@ def write_model(path: Path, family_name: str, seed: int = 0, **config) -> Path:
     from safetensors.torch import save_file
 
     family = next(f for f in fc.FAMILIES if f.name == family_name)
-    model = getattr(comfy.supported_models, family.supported)(dict(family.config, **config)).get_model({})
+    config = fc.host_config(dict(family.recipe, **config))  # + what the host's classes require
+    model = getattr(comfy.supported_models, family.supported)(config).get_model({})
     fc.init_weights(model.diffusion_model, seed)
     state = {k: v.contiguous() for k, v in model.diffusion_model.state_dict().items()}
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import torch
 
+from tools.tiny_config import host_config
+
 FLUX_CONFIG = dict(image_model="flux", in_channels=16, out_channels=16, vec_in_dim=32, context_in_dim=64,
                    hidden_size=64, mlp_ratio=4.0, num_heads=2, depth=2, depth_single_blocks=2, axes_dim=[8, 12, 12],
                    theta=10000, patch_size=2, qkv_bias=True, guidance_embed=True)
@@ -16,10 +18,11 @@ LATENT = (16, 6, 10)  # channels, height, width: h != w catches a transposed unp
 TEXT = 7  # tokens
 
 
-def build_base_model(seed: int = 0, guidance_embed: bool = True):
+def build_base_model(seed: int = 0, guidance_embed: bool = True, **config):
+    """config: changes to FLUX_CONFIG (keys the host's FluxParams has)."""
     import comfy.supported_models
 
-    config = dict(FLUX_CONFIG, guidance_embed=guidance_embed)
+    config = host_config(dict(FLUX_CONFIG, guidance_embed=guidance_embed, **config))  # + what newer ComfyUIs require
     model = comfy.supported_models.Flux(config).get_model({})
     gen = torch.Generator().manual_seed(seed)
     # ComfyUI's layers skip initialisation (weights normally come from a file): fill every tensor.

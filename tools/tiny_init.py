@@ -57,6 +57,11 @@ def _normal(shape, std: float, seed: int, name: str) -> torch.Tensor:
     return torch.randn(shape, generator=_generator(seed, name)) * std
 
 
+# Normalisation layers: weight 1, bias 0. Newer ComfyUIs build Flux-style q/k norms as torch's RMSNorm
+# (its gain is `weight`); 0.3.75 has its own class with a `scale`, matched by name below.
+_NORMS = (torch.nn.GroupNorm, torch.nn.LayerNorm) + ((torch.nn.RMSNorm,) if hasattr(torch.nn, "RMSNorm") else ())
+
+
 @torch.no_grad()
 def _init_all(module: torch.nn.Module, seed: int, skip: tuple[str, ...] = ()) -> None:
     """Norms 1/0, biases 0, embeddings N(0, 1), other weights N(0, 1/fan_in); nothing left empty."""
@@ -65,11 +70,11 @@ def _init_all(module: torch.nn.Module, seed: int, skip: tuple[str, ...] = ()) ->
             full = f"{mod_name}.{p_name}" if mod_name else p_name
             if full in skip:
                 continue
-            if isinstance(mod, (torch.nn.GroupNorm, torch.nn.LayerNorm)):
+            if isinstance(mod, _NORMS):
                 p.fill_(1.0 if p_name == "weight" else 0.0)
             elif p_name == "bias":
                 p.zero_()
-            elif p_name == "scale" and p.dim() == 1:  # RMSNorm gains (Flux-style q/k norms)
+            elif p_name == "scale" and p.dim() == 1:  # ComfyUI's own RMSNorm gains (Flux-style q/k norms)
                 p.fill_(1.0)
             elif isinstance(mod, torch.nn.Embedding):
                 p.copy_(_normal(p.shape, 1.0, seed, full))  # one-hot input: fan_in is 1

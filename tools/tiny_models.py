@@ -93,7 +93,9 @@ def build_tiny_taesd(seed: int = 0, latent_format: str = "SD15") -> torch.nn.Mod
     avg2x2[1:, 1:] = 0.25  # stride 2, padding 1: taps 1..2 cover input pixels 2i and 2i+1
     blocks = (comfy.taesd.taesd.Block,)
 
-    enc, dec = taesd.taesd_encoder, taesd.taesd_decoder
+    # As plain lists: ComfyUI 0.3.75 builds the halves as nn.Sequential, later versions as subclasses
+    # of it with their own __init__, which nn.Sequential's slicing (type(self)(OrderedDict)) cannot call.
+    enc, dec = list(taesd.taesd_encoder), list(taesd.taesd_decoder)
     # Encoder input is the image in [0, 1]; colour channels stay non-negative, so ReLUs pass them.
     _through(enc[0], center)
     for layer in enc[1:14]:
@@ -110,7 +112,7 @@ def build_tiny_taesd(seed: int = 0, latent_format: str = "SD15") -> torch.nn.Mod
     # centred on smooth random colour fields (deterministic calibration images).
     gen = _generator(seed, "taesd-calibration")
     images = torch.nn.functional.interpolate(torch.rand(8, 3, 4, 4, generator=gen), size=64, mode="bilinear")
-    feats = enc[:14](images)[:, 3:]
+    feats = torch.nn.Sequential(*enc[:14])(images)[:, 3:]
     kernel = _normal((1, 61, 3, 3), (61 * 9) ** -0.5, seed, "taesd_encoder.texture")
     tex = torch.nn.functional.conv2d(feats, kernel, padding=1)
     kernel *= 0.5 / tex.std()

@@ -5,26 +5,54 @@
 //   and a strip of the newest samples. It is fed by `pipetrain.run` messages keyed by node id
 //   (nodes/ui_feed.py) and, after a page reload, by GET /pipetrain/run_state?node=<id>.
 // The state, smoothing and drawing live in chart.js (pure, unit-tested under node).
+// Only the frontend's public extension API is used: `app` and `api` from scripts/app.js and
+// scripts/api.js, the registerExtension hooks, LiteGraph's node.addDOMWidget and api events. Other
+// scripts/*.js modules are the frontend's internals (tests/test_ui_chart.py fails on an import of one).
 import { app } from "../../scripts/app.js";
 import { api } from "../../scripts/api.js";
-import { ComfyWidgets } from "../../scripts/widgets.js";
 import { applyMessage, drawChart, emptyRun, stateFromSnapshot, statusLine } from "./chart.js";
 
 const NODES_WITH_SUMMARY = new Set(["PipeTrainTrainPipeline", "PipeTrainSaveLoRA"]);
 const TRAIN_NODE = "PipeTrainTrainPipeline";
 const STRIP_IMAGES = 8;
 const CHART_HEIGHT = 150;
+const SUMMARY_LINES = 8;
 const runs = new Map(); // node id (string) -> run state
+
+function fitNode(node) {
+  // Grow the node to what its widgets need (never shrink what the user or the workflow chose).
+  const [w, h] = node.computeSize();
+  node.setSize([Math.max(node.size[0], w), Math.max(node.size[1], h)]);
+}
 
 function showText(node, text) {
   let widget = node.widgets?.find((w) => w.name === "pipetrain_summary");
   if (!widget) {
-    widget = ComfyWidgets["STRING"](node, "pipetrain_summary", ["STRING", { multiline: true }], app).widget;
-    widget.inputEl.readOnly = true;
-    widget.inputEl.style.opacity = 0.8;
-    widget.serialize = false; // display only: never saved into the workflow's widget values
+    // A read-only text box of our own (a DOM widget), not the frontend's STRING widget factory.
+    const box = document.createElement("textarea");
+    box.className = "pipetrain-summary";
+    box.readOnly = true;
+    box.spellcheck = false;
+    box.style.cssText = "width:100%;height:100%;box-sizing:border-box;resize:none;white-space:pre;overflow:auto;"
+      + "font:11px/14px monospace;color:var(--descrip-text,#aaa);background:var(--comfy-input-bg,#222);"
+      + "border:1px solid var(--border-color,#444);border-radius:4px;padding:4px;";
+    // As tall as its lines (up to SUMMARY_LINES), so a one-line summary does not push into the node
+    // below; the frontend takes the widget's margin (above and below the box) out of this height.
+    const lines = () => Math.min(SUMMARY_LINES, box.value.split("\n").length);
+    const height = () => lines() * 14 + 12 + 2 * (widget?.margin ?? 10);
+    widget = node.addDOMWidget("pipetrain_summary", "pipetrain_summary", box, {
+      serialize: false, // display only: never saved into the workflow's widget values
+      hideOnZoom: false,
+      margin: 4,
+      getValue: () => box.value,
+      setValue: (v) => { box.value = v ?? ""; },
+      getMinHeight: height,
+      getMaxHeight: height,
+    });
+    widget.serialize = false;
   }
   widget.value = text;
+  fitNode(node);
   node.setDirtyCanvas(true, true);
 }
 
@@ -104,7 +132,7 @@ function render(node) {
 }
 
 function trainNodes() {
-  return (app.graph?._nodes || []).filter((n) => n.comfyClass === TRAIN_NODE || n.type === TRAIN_NODE);
+  return (app.graph?.nodes || []).filter((n) => n.comfyClass === TRAIN_NODE || n.type === TRAIN_NODE);
 }
 
 async function restore(node) {
@@ -162,8 +190,8 @@ app.registerExtension({
     nodeType.prototype.onNodeCreated = function () {
       const r = onNodeCreated?.apply(this, arguments);
       buildView(this);
-      const [w, h] = this.computeSize();
-      this.setSize([Math.max(this.size[0], w, 380), Math.max(this.size[1], h)]);
+      fitNode(this);
+      if (this.size[0] < 380) this.setSize([380, this.size[1]]);
       requestAnimationFrame(() => render(this));
       return r;
     };

@@ -22,7 +22,8 @@ import torch
 from torch import nn
 
 from ..config import ConfigError
-from .common import EmbedLayer, HeadLayer, apply_model_start, block_options, keep_in_graph, refuse_unhandled
+from .common import (EmbedLayer, HeadLayer, apply_model_start, block_options, keep_in_graph, patch_tokens,
+                     refuse_unhandled, with_img_slice)
 
 # The kwargs of model.extra_conds this adapter reproduces; y and the reference latents are ones
 # Chroma's own forward takes and ignores.
@@ -114,8 +115,9 @@ class _Single(nn.Module):
     def forward(self, inputs):
         x, mods, pe, xt, sigma = inputs
         vec = self._dm[0].get_modulations(mods, "single", idx=self.index)
-        x = self.block(x, vec=vec, pe=pe, attn_mask=None,
-                       transformer_options=block_options(sigma, "single", self.index, self.total))
+        options = with_img_slice(block_options(sigma, "single", self.index, self.total), x,
+                                 patch_tokens(*xt.shape[-2:], self._dm[0].patch_size))
+        x = self.block(x, vec=vec, pe=pe, attn_mask=None, transformer_options=options)
         return x, mods, pe, xt, sigma
 
 

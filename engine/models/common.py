@@ -94,6 +94,17 @@ def block_options(sigma, block_type: str, index: int, total: int) -> dict:
     return {**transformer_options(sigma), "block_type": block_type, "block_index": index, "total_blocks": total}
 
 
+def with_img_slice(options: dict, x: torch.Tensor, image_tokens: int) -> dict:
+    """options plus the `img_slice` ComfyUI 0.33+ hands a Flux-style single block: where the tokens
+    after the text start and end in the joint sequence x (hosts that do not set it never read it)."""
+    return {**options, "img_slice": [x.shape[1] - image_tokens, x.shape[1]]}
+
+
+def patch_tokens(h: int, w: int, patch: int) -> int:
+    """Tokens of an h x w latent cut into patch x patch cells, the last ones padded (process_img)."""
+    return ((h + patch // 2) // patch) * ((w + patch // 2) // patch)
+
+
 def keep_in_graph(out: torch.Tensor, *unused: torch.Tensor) -> torch.Tensor:
     """out + 0.0 * (the sum of every tensor in `unused`): DeepSpeed sends a gradient back for every float
     tensor a stage receives, so the inputs a head does not use stay in the graph (exactly zero

@@ -13,7 +13,7 @@ to x before every block (`x += extra_pos`, outside the block); each block layer 
 place, so a stage never writes into the tensor it received.
 
 Tensors passed between stages (time-major THWBD layout, made contiguous for DeepSpeed's send):
-x [T, H, W, B, D], emb, context [M, B, D], rope, adaln_lora (empty without adaLN-LoRA), extra_pos
+x [T, H, W, B, D], emb, context [B, M, D], rope, adaln_lora (empty without adaLN-LoRA), extra_pos
 [T, H, W, B, D], xt, sigma; xt and sigma are for ComfyUI's calculate_denoised (xt also gives the
 output shape).
 """
@@ -52,8 +52,9 @@ class _Embed(EmbedLayer):
         emb = dm.affline_norm(emb)
         x = rearrange(x, "B T H W D -> T H W B D")
         extra_pos = rearrange(extra_pos, "B T H W D -> T H W B D").to(x.dtype)
-        context = rearrange(context, "B M D -> M B D")
-        return (x.contiguous(), emb, context.contiguous(), rope, x.new_zeros(0) if adaln_lora is None else adaln_lora,
+        # context travels as [B, M, D]; each block views it as _forward's [M, B, D] (its strides matter to
+        # the host's linear ops: a contiguous [M, B, D] copy rounds differently on ComfyUI 0.33)
+        return (x.contiguous(), emb, context, rope, x.new_zeros(0) if adaln_lora is None else adaln_lora,
                 extra_pos.contiguous(), xt, sigma)
 
 
@@ -63,8 +64,10 @@ class _Block(nn.Module):
         self.block = block
 
     def forward(self, inputs):
+        from einops import rearrange
+
         x, emb, context, rope, adaln_lora, extra_pos, xt, sigma = inputs
-        x = self.block(x + extra_pos, emb, context, None, rope_emb_L_1_1_D=rope,
+        x = self.block(x + extra_pos, emb, rearrange(context, "B M D -> M B D"), None, rope_emb_L_1_1_D=rope,
                        adaln_lora_B_3D=or_none(adaln_lora), transformer_options=transformer_options(sigma))
         return x.contiguous(), emb, context, rope, adaln_lora, extra_pos, xt, sigma
 

@@ -7,6 +7,12 @@ Mirrors BaseModel._apply_model + CosmosPredict2.process_timestep + MiniTrainDIT.
 inverted mask). Refused: any other conditioning (padding masks are not something ComfyUI's
 conditioning sets).
 
+ComfyUI 0.33 and later also pad the input to whole patches (cropping the output back), keep the
+residual stream in float32 for a float16 model (the blocks compute in the embedding's dtype and add
+into the residual's) and write the block index into transformer_options; the layers follow where
+the host's blocks work that way (`_float32_residual`). Padding and cropping are kept on every host:
+they change nothing where the size is already whole patches, the only size 0.3.75 runs.
+
 Unlike _forward, the embedding does not store `affline_emb` / `crossattn_emb` on the model (ComfyUI
 keeps them only for logging; they would hold the last step's graph on a stage).
 
@@ -42,6 +48,16 @@ def number(t: torch.Tensor):
     return None if t.numel() == 0 else t.reshape(-1)[0].item()
 
 
+def _float32_residual(dm) -> bool:
+    """Whether the host keeps a float16 model's residual stream in float32 between blocks (0.33 and
+    later). Its blocks were rewritten for that together with their attention, which then gained
+    transformer_options (patch hooks) in compute_qkv: the host's own code says which it runs."""
+    import inspect
+
+    attn = type(dm.blocks[0].self_attn) if len(dm.blocks) else None
+    return attn is not None and "transformer_options" in inspect.signature(attn.compute_qkv).parameters
+
+
 class _Embed(EmbedLayer):
     def __init__(self, base):
         dm = base.diffusion_model
@@ -49,6 +65,7 @@ class _Embed(EmbedLayer):
         if dm.extra_per_block_abs_pos_emb:
             embedders.append(dm.extra_pos_embedder)
         super().__init__(base, embedders)
+        self.float32_residual = _float32_residual(dm)
 
     def forward(self, inputs):
         from comfy.model_base import convert_tensor
@@ -63,32 +80,40 @@ class _Embed(EmbedLayer):
         t = base.process_timestep(t, x=xt, denoise_mask=denoise_mask)
 
         # MiniTrainDIT._forward, up to the blocks
+        import comfy.ldm.common_dit
+
+        xc = comfy.ldm.common_dit.pad_to_patch_size(xc, (dm.patch_temporal, dm.patch_spatial, dm.patch_spatial))
         x, rope, extra_pos = dm.prepare_embedded_sequence(xc, fps=number(fps), padding_mask=None)
         if t.ndim == 1:
             t = t.unsqueeze(1)
         emb, adaln_lora = dm.t_embedder[1](dm.t_embedder[0](t).to(x.dtype))
         emb = dm.t_embedding_norm(emb)
+        if x.dtype == torch.float16 and self.float32_residual:
+            x = x.float()
         empty = x.new_zeros(0)
         return (x, emb, context, rope.unsqueeze(1).unsqueeze(0), empty if adaln_lora is None else adaln_lora,
                 empty if extra_pos is None else extra_pos, xt, sigma)
 
 
 class _Block(nn.Module):
-    def __init__(self, block):
+    def __init__(self, block, index: int):
         super().__init__()
-        self.block = block
+        self.block, self.index = block, index
 
     def forward(self, inputs):
         x, emb, context, rope, adaln_lora, extra_pos, xt, sigma = inputs
+        options = {**transformer_options(sigma), "block_index": self.index}  # what _forward hands each block
         x = self.block(x, emb, context, rope_emb_L_1_1_D=rope, adaln_lora_B_T_3D=or_none(adaln_lora),
-                       extra_per_block_pos_emb=or_none(extra_pos), transformer_options=transformer_options(sigma))
+                       extra_per_block_pos_emb=or_none(extra_pos), transformer_options=options)
         return x, emb, context, rope, adaln_lora, extra_pos, xt, sigma
 
 
 class _Head(HeadLayer):
     def forward(self, inputs):
         x, emb, context, rope, adaln_lora, extra_pos, xt, sigma = inputs
-        out = self._dm[0].unpatchify(self.final_layer(x, emb, adaln_lora_B_T_3D=or_none(adaln_lora)))
+        # the final layer runs in the text's dtype (the model's: a float32 residual goes back to it)
+        out = self._dm[0].unpatchify(self.final_layer(x.to(context.dtype), emb, adaln_lora_B_T_3D=or_none(adaln_lora)))
+        out = out[:, :, :xt.shape[-3], :xt.shape[-2], :xt.shape[-1]]  # the padding to whole patches dropped
         # context, rope, extra_pos: unused here, kept in the graph for DeepSpeed (common.keep_in_graph)
         return keep_in_graph(self.model_sampling.calculate_denoised(sigma, out.float(), xt), context, rope, extra_pos)
 
@@ -116,4 +141,4 @@ class CosmosPredict2Adapter:
     @staticmethod
     def layers(base_model) -> list[nn.Module]:
         dm = base_model.diffusion_model
-        return [_Embed(base_model), *[_Block(b) for b in dm.blocks], _Head(base_model)]
+        return [_Embed(base_model), *[_Block(b, i) for i, b in enumerate(dm.blocks)], _Head(base_model)]

@@ -1,7 +1,11 @@
 """Flux.1 text-to-image (comfy.ldm.flux.model.Flux: dev, schnell and other plain Flux.1 files) as
 pipeline stage layers.
 
-Mirrors BaseModel._apply_model + Flux._forward/forward_orig of ComfyUI 0.3.75 for the t2i path:
+Mirrors BaseModel._apply_model + Flux._forward/forward_orig of ComfyUI 0.3.75 for the t2i path, and
+what 0.33 added where the host's model has it: a text norm before txt_in (`txt_norm`), text
+position ids on the axes `params.txt_ids_dims` names (0.3.75: the 4th axis of 4-axis models), the
+single blocks' `img_slice` option. Its reference method "index_timestep_zero" (a second, zero
+timestep for the reference tokens) is refused. Covered:
 conditioning = T5 context, pooled CLIP vector (y) and, for guidance-distilled files, the guidance
 value, and Kontext reference latents (ref_latents, any ref_latents_method). Refused until they are
 added here: Fill/inpaint concat channels, attention masks, ControlNet, and the other families built
@@ -23,12 +27,22 @@ from torch import nn
 
 from ..config import ConfigError
 from ..objective import transformer_options
-from .common import (EmbedLayer, HeadLayer, apply_model_start, block_options, keep_in_graph, or_none, refuse_unhandled,
-                     stage_input)
+from .common import (EmbedLayer, HeadLayer, apply_model_start, block_options, keep_in_graph, or_none, patch_tokens,
+                     refuse_unhandled, stage_input, with_img_slice)
 
 # The kwargs of model.extra_conds this adapter reproduces; anything else means a variant it does not.
 _HANDLED = {"c_crossattn", "y", "guidance", "ref_latents", "ref_latents_method"}
 _REF_METHODS = ("offset", "index", "uxo")  # as codes for the first stage; ComfyUI treats unknown names as offset
+_REFUSED_METHODS = ("index_timestep_zero",)  # ComfyUI 0.33+: per-token-range modulation of the references
+
+
+def _txt_ids_dims(dm) -> list[int]:
+    """The rope axes that carry the text token position: the host's own setting (0.33 and later), or
+    0.3.75's rule (the 4th axis of Flux 2's four)."""
+    dims = getattr(dm.params, "txt_ids_dims", None)
+    if dims is not None:
+        return list(dims)
+    return [3] if len(dm.params.axes_dim) == 4 else []
 
 
 def _join(img, txt):
@@ -42,6 +56,8 @@ class _Embed(EmbedLayer):
     def __init__(self, base, join: bool, modulation=()):
         dm = base.diffusion_model
         embedders = [dm.img_in, dm.time_in, dm.txt_in, *modulation]  # modulation: Flux.2's shared layers
+        if getattr(dm, "txt_norm", None) is not None:
+            embedders.append(dm.txt_norm)
         if dm.params.guidance_embed:
             embedders.append(dm.guidance_in)
         if dm.vector_in is not None:
@@ -73,14 +89,15 @@ class _Embed(EmbedLayer):
         guidance = None if guidance is None else convert_tensor(guidance, dtype, device)
 
         # Flux._forward
-        img, img_ids = dm.process_img(xc, transformer_options=transformer_options(sigma))  # the engine's: no rope_options
+        opts = transformer_options(sigma)  # the engine's: no rope_options
+        img, img_ids = dm.process_img(xc, transformer_options=opts)
         img, img_ids, ref_tokens = _add_references(dm, img, img_ids, xc, [convert_tensor(r, dtype, device) for r in refs],
-                                                   _ref_method(dm, int(method.reshape(-1)[0])))
+                                                   _ref_method(dm, int(method.reshape(-1)[0])), opts)
         txt_ids = torch.zeros((xc.shape[0], context.shape[1], len(dm.params.axes_dim)), device=device,
                               dtype=torch.float32)
-        if len(dm.params.axes_dim) == 4:  # Flux 2: the text position on the 4th axis
-            txt_ids[:, :, 3] = torch.linspace(0, context.shape[1] - 1, steps=context.shape[1], device=device,
-                                              dtype=torch.float32)
+        for axis in _txt_ids_dims(dm):  # the text position on these rope axes
+            txt_ids[:, :, axis] = torch.linspace(0, context.shape[1] - 1, steps=context.shape[1], device=device,
+                                                 dtype=torch.float32)
 
         # Flux.forward_orig, up to the blocks
         img = dm.img_in(img)
@@ -91,6 +108,8 @@ class _Embed(EmbedLayer):
             if y is None:
                 y = torch.zeros((img.shape[0], dm.params.vec_in_dim), device=img.device, dtype=img.dtype)
             vec = vec + dm.vector_in(y[:, :dm.params.vec_in_dim])
+        if getattr(dm, "txt_norm", None) is not None:
+            context = dm.txt_norm(context)
         txt = dm.txt_in(context)
         pe = dm.pe_embedder(torch.cat((txt_ids, img_ids), dim=1))
         marker = torch.zeros((xt.shape[0], 1 + ref_tokens), device=device, dtype=torch.float32)
@@ -101,7 +120,7 @@ def _ref_method(dm, code: int) -> str:
     return getattr(dm.params, "default_ref_method", "offset") if code < 0 else _REF_METHODS[code]
 
 
-def _add_references(dm, img, img_ids, xc, refs, method):
+def _add_references(dm, img, img_ids, xc, refs, method, opts):
     """Flux._forward's reference-latent loop: the reference tokens appended after the target's."""
     p = dm.patch_size
     h_len, w_len = (xc.shape[-2] + p // 2) // p, (xc.shape[-1] + p // 2) // p
@@ -124,10 +143,19 @@ def _add_references(dm, img, img_ids, xc, refs, method):
                 h_offset = h
             h = max(h, ref.shape[-2] + h_offset)
             w = max(w, ref.shape[-1] + w_offset)
-        kontext, kontext_ids = dm.process_img(ref, index=index, h_offset=h_offset, w_offset=w_offset)
+        # 0.33+ hands the references the caller's options too (0.3.75 none); the engine's hold no rope_options
+        kontext, kontext_ids = dm.process_img(ref, index=index, h_offset=h_offset, w_offset=w_offset,
+                                              transformer_options=opts)
         img = torch.cat([img, kontext], dim=1)
         img_ids = torch.cat([img_ids, kontext_ids], dim=1)
     return img, img_ids, img.shape[1] - before
+
+
+def single_options(sigma, index: int, total: int, x, xt, refs, patch: int) -> dict:
+    """A single block's options: block_options plus forward_orig's `img_slice` (the target and
+    reference tokens after the text)."""
+    image = patch_tokens(*xt.shape[-2:], patch) + refs.shape[1] - 1
+    return with_img_slice(block_options(sigma, "single", index, total), x, image)
 
 
 class _Double(nn.Module):
@@ -146,15 +174,15 @@ class _Double(nn.Module):
 
 
 class _Single(nn.Module):
-    def __init__(self, block, index: int, total: int):
+    def __init__(self, block, index: int, total: int, patch: int):
         super().__init__()
         self.block = block
-        self.index, self.total = index, total
+        self.index, self.total, self.patch = index, total, patch
 
     def forward(self, inputs):
         x, vec, pe, xt, sigma, refs = inputs
         x = self.block(x, vec=vec, pe=pe, attn_mask=None,
-                       transformer_options=block_options(sigma, "single", self.index, self.total))
+                       transformer_options=single_options(sigma, self.index, self.total, x, xt, refs, self.patch))
         return x, vec, pe, xt, sigma, refs
 
 
@@ -184,7 +212,7 @@ def stage_layers(base_model, embed, double, single, head) -> list[nn.Module]:
     doubles, singles = len(dm.double_blocks), len(dm.single_blocks)
     return [embed(base_model, join=doubles == 0),
             *[double(b, i, doubles, join=i == doubles - 1) for i, b in enumerate(dm.double_blocks)],
-            *[single(b, i, singles) for i, b in enumerate(dm.single_blocks)],
+            *[single(b, i, singles, dm.patch_size) for i, b in enumerate(dm.single_blocks)],
             head(base_model)]
 
 
@@ -196,6 +224,12 @@ def stage_inputs(prepared, family: str) -> tuple[torch.Tensor, ...]:
                      {"c_concat": "concat channels (Flux Fill / inpaint)", "attention_mask": "an attention mask"})
     xt = prepared.xt
     method = kw.get("ref_latents_method")  # absent: the model's default; unknown names act as offset
+    if method in _REFUSED_METHODS:
+        from ..patches import comfy_version
+
+        raise ConfigError(f"pipeline_stages > 1 for {family} does not reproduce the reference method {method!r} "
+                          f"of ComfyUI {comfy_version()} (a zero timestep for the reference tokens). Set "
+                          "pipeline_stages to 1 for this model, or use another ref_latents_method.")
     code = torch.tensor([-1 if method is None else _REF_METHODS.index(method) if method in _REF_METHODS else 0],
                         device=xt.device)
     # An absent pooled vector or guidance (FluxDisableGuidance) travels as common.stage_input's stand-in.

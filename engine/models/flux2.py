@@ -29,7 +29,7 @@ from ..config import ConfigError
 from .common import block_options, keep_in_graph
 from .flux import _Embed as _FluxEmbed
 from .flux import _Head as _FluxHead
-from .flux import _join, stage_inputs, stage_layers
+from .flux import _join, single_options, stage_inputs, stage_layers
 
 
 def _pack(*mods) -> torch.Tensor:
@@ -79,15 +79,15 @@ class _Double(nn.Module):
 
 
 class _Single(nn.Module):
-    def __init__(self, block, index: int, total: int):
+    def __init__(self, block, index: int, total: int, patch: int):
         super().__init__()
         self.block = block
-        self.index, self.total = index, total
+        self.index, self.total, self.patch = index, total, patch
 
     def forward(self, inputs):
         x, smods, vec, pe, xt, sigma, refs = inputs
         x = self.block(x, vec=_unpack(smods, 0), pe=pe, attn_mask=None,
-                       transformer_options=block_options(sigma, "single", self.index, self.total))
+                       transformer_options=single_options(sigma, self.index, self.total, x, xt, refs, self.patch))
         return x, smods, vec, pe, xt, sigma, refs
 
 

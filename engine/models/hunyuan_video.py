@@ -11,9 +11,13 @@ glyph tokens (txt_byt5), CLIP-vision tokens (clip_fea), HunyuanVideo's guiding f
 (engine.objective.transformer_options), so ComfyUI skips it, and so does this (disable_time_r is
 then moot). Refused: attention masks (padded text) and ControlNet.
 
-Tensors passed between stages (the image tokens come first in this model):
+The joint sequence's order follows the host: ComfyUI 0.3.x puts the image tokens first (its double
+blocks carry `flipped_img_txt`), 0.33 and later the text tokens first (no such flag); `_image_first`
+decides from the host's blocks, and the rope table, the joint sequence and the head's slice follow.
+
+Tensors passed between stages:
   double-block stages: img (reference tokens, then target tokens), txt, vec, pe, xt, sigma, refs
-  single-block stages: x (= cat(img, txt)), vec, pe, xt, sigma, refs
+  single-block stages: x (= cat(img, txt) or cat(txt, img)), vec, pe, xt, sigma, refs
 `vec` is [B, D], or [B, 2, D] with a guiding frame, whose per-token-range modulation dims each layer
 derives from xt's shape. `refs` is a [B, 1 + reference tokens] float tensor whose width tells the
 head where the target tokens start (its values are unused), so no integer crosses a stage.
@@ -33,6 +37,23 @@ _HANDLED = {"c_crossattn", "y", "guidance", "c_concat", "txt_byt5", "clip_fea", 
 _INPUTS = ("y", "guidance", "c_concat", "txt_byt5", "clip_fea", "guiding_frame_index", "ref_latent")
 
 
+def _image_first(dm) -> bool:
+    """Whether forward_orig puts the image tokens before the text tokens: 0.3.x's double blocks say so
+    with `flipped_img_txt`; a host whose double block takes no such option always puts text first.
+    A model without double blocks is judged by the host's block class."""
+    if len(dm.double_blocks):
+        return bool(getattr(dm.double_blocks[0], "flipped_img_txt", False))
+    import inspect
+
+    from comfy.ldm.flux.layers import DoubleStreamBlock
+
+    return "flipped_img_txt" in inspect.signature(DoubleStreamBlock.__init__).parameters
+
+
+def _joint(img, txt, image_first: bool):
+    return torch.cat((img, txt) if image_first else (txt, img), 1)
+
+
 def _modulation_dims(dm, vec, xt):
     """forward_orig's (modulation_dims, modulation_dims_txt): set only with a guiding frame, when the
     first frame's tokens get their own modulation row."""
@@ -49,6 +70,7 @@ class _Embed(EmbedLayer):
                  "cond_type_embedding")
         # join: only when the model has no double blocks
         super().__init__(base, [getattr(dm, n) for n in names if getattr(dm, n, None) is not None], join)
+        self.image_first = _image_first(dm)
 
     def forward(self, inputs):
         from comfy.ldm.flux.layers import timestep_embedding
@@ -120,10 +142,11 @@ class _Embed(EmbedLayer):
                     2 * torch.ones_like(vision[:, :, 0], dtype=torch.long, device=vision.device))
             txt = torch.cat((vision.to(txt.dtype), txt), dim=1)
             txt_ids = torch.cat((txt_ids, txt_ids.new_zeros((bs, vision.shape[1], txt_ids.shape[-1]))), dim=1)
-        pe = dm.pe_embedder(torch.cat((img_ids, txt_ids), dim=1))
+        ids = (img_ids, txt_ids) if self.image_first else (txt_ids, img_ids)
+        pe = dm.pe_embedder(torch.cat(ids, dim=1))
         marker = torch.zeros((xt.shape[0], 1 + ref_tokens), device=device, dtype=torch.float32)
         if self.join:
-            return torch.cat((img, txt), 1), vec, pe, xt, sigma, marker
+            return _joint(img, txt, self.image_first), vec, pe, xt, sigma, marker
         return img, txt, vec, pe, xt, sigma, marker
 
 
@@ -133,6 +156,7 @@ class _Double(nn.Module):
         self.block = block
         self._dm = (base.diffusion_model,)  # for its patch size; not a submodule
         self.index, self.total, self.join = index, total, join
+        self.image_first = _image_first(base.diffusion_model)
 
     def forward(self, inputs):
         img, txt, vec, pe, xt, sigma, refs = inputs
@@ -140,8 +164,8 @@ class _Double(nn.Module):
         img, txt = self.block(img=img, txt=txt, vec=vec, pe=pe, attn_mask=None, modulation_dims_img=dims,
                               modulation_dims_txt=dims_txt,
                               transformer_options=block_options(sigma, "double", self.index, self.total))
-        if self.join:  # the last double block hands the single blocks one joint sequence, image first
-            return torch.cat((img, txt), 1), vec, pe, xt, sigma, refs
+        if self.join:  # the last double block hands the single blocks one joint sequence
+            return _joint(img, txt, self.image_first), vec, pe, xt, sigma, refs
         return img, txt, vec, pe, xt, sigma, refs
 
 
@@ -161,13 +185,20 @@ class _Single(nn.Module):
 
 
 class _Head(HeadLayer):
+    def __init__(self, base):
+        super().__init__(base)
+        self.image_first = _image_first(base.diffusion_model)
+
     def forward(self, inputs):
         x, vec, pe, xt, sigma, refs = inputs
         dm = self._dm[0]
         p = dm.patch_size
         shape = [s // q for s, q in zip(xt.shape[-len(p):], p)]
-        start = refs.shape[1] - 1  # forward_orig keeps the image tokens and drops the reference's
-        img = x[:, start:start + shape[0] * shape[1] * (shape[2] if len(shape) == 3 else 1)]
+        tokens = shape[0] * shape[1] * (shape[2] if len(shape) == 3 else 1)
+        # forward_orig keeps the target tokens: [references, target, text] image first (0.3.x), else
+        # [text, references, target]
+        start = refs.shape[1] - 1 if self.image_first else x.shape[1] - tokens
+        img = x[:, start:start + tokens]
         dims, _ = _modulation_dims(dm, vec, xt)
         out = self.final_layer(img, vec, modulation_dims=dims)
         out = out.reshape([out.shape[0]] + shape + [dm.out_channels] + p)

@@ -183,7 +183,8 @@ class _StepsHead(HeadLayer):
         extra = {"orig_shape": shape}
         keyframes = None
         if grid.numel():  # guide tokens were filtered: _process_output scatters back into the whole grid
-            extra.update(grid_mask=grid[0] > 0.5, orig_patchified_shape=[shape[0], grid.shape[1], shape[1] * math.prod(dm.patchifier.patch_size)])
+            channels = shape[1] * math.prod(dm.patchifier.patch_size)
+            extra.update(grid_mask=grid[0] > 0.5, orig_patchified_shape=[shape[0], grid.shape[1], channels])
             keyframes = grid.new_zeros((1, 1, 1))  # _process_output only asks whether there are keyframes
         out = dm._process_output(x, embedded, keyframes, **extra)
         return keep_in_graph(self.model_sampling.calculate_denoised(sigma, out.float(), xt), context, timestep, pe,

@@ -26,7 +26,7 @@ from torch import nn
 
 from ..config import ConfigError
 from ..objective import transformer_options
-from .common import EmbedLayer, HeadLayer, apply_model_start, keep_in_graph, refuse_unhandled
+from .common import EmbedLayer, HeadLayer, apply_model_start, block_options, keep_in_graph, refuse_unhandled
 
 _HANDLED = {"c_crossattn", "num_tokens"}
 
@@ -125,13 +125,15 @@ class _NoiseRefiner(nn.Module):
 
 
 class _Layer(nn.Module):
-    def __init__(self, block):
+    def __init__(self, block, index: int, total: int):
         super().__init__()
-        self.block = block
+        self.block, self.index, self.total = block, index, total
 
     def forward(self, inputs):
         x, freqs_cis, adaln, xt, sigma = inputs
-        x = self.block(x, None, freqs_cis, adaln, transformer_options=transformer_options(sigma))
+        # ComfyUI 0.33+ writes the block keys before each main layer (0.3.75's layers never read them)
+        x = self.block(x, None, freqs_cis, adaln, transformer_options=block_options(sigma, "double", self.index,
+                                                                                    self.total))
         return x, freqs_cis, adaln, xt, sigma
 
 
@@ -174,9 +176,18 @@ class LuminaAdapter:
     @staticmethod
     def layers(base_model) -> list[nn.Module]:
         dm = base_model.diffusion_model
+        # Parts ComfyUI 0.33+ added to NextDiT for other releases (pooled CLIP text, SigLIP image tokens):
+        # their embeddings are not mirrored here.
+        extra = [n for n in ("clip_text_pooled_proj", "siglip_embedder") if getattr(dm, n, None) is not None]
+        if extra:
+            from ..patches import comfy_version
+
+            raise ConfigError(f"pipeline_stages > 1 for Lumina 2 / Z-Image does not reproduce this model's "
+                              f"{', '.join(extra)} (ComfyUI {comfy_version()}). Set pipeline_stages to 1 for this "
+                              "model.")
         contexts, noises = list(dm.context_refiner), list(dm.noise_refiner)
         return [_Embed(base_model, join=not contexts and not noises),
                 *[_ContextRefiner(b, join=not noises and i == len(contexts) - 1) for i, b in enumerate(contexts)],
                 *[_NoiseRefiner(b, join=i == len(noises) - 1) for i, b in enumerate(noises)],
-                *[_Layer(b) for b in dm.layers],
+                *[_Layer(b, i, len(dm.layers)) for i, b in enumerate(dm.layers)],
                 _Head(base_model)]

@@ -3,8 +3,12 @@ stage layers.
 
 Mirrors BaseModel._apply_model + QwenImageTransformer2DModel._forward of ComfyUI 0.3.75: text context
 and, for the Edit models, reference latents (ref_latents: any number and sizes, each ref_latents_method;
-their tokens follow the target's). ComfyUI's QwenImage extra_conds never passes an attention mask or a
-guidance value; ControlNet and the block patches of other custom nodes are not reproduced.
+their tokens follow the target's). ControlNet and the block patches of other custom nodes are not
+reproduced. What ComfyUI 0.33 changed follows the host's model: a model with `default_ref_method`
+(0.33+) reads a missing method as that default and knows "negative_index" (references at indices
+-1, -2, ...); its "index_timestep_zero" (a second, zero timestep for the references) is refused.
+0.33's extra_conds passes the text attention mask: the integer mask travels and each block turns
+it into _forward's additive one. The head unpatchifies frames too (0.33's layout, the same for one).
 
 Tensors passed between stages: img (target tokens, then reference tokens), txt, temb, pe (the block
 inputs) plus xt and sigma, which the head needs for ComfyUI's calculate_denoised. The target's tokens
@@ -19,7 +23,26 @@ from torch import nn
 from ..config import ConfigError
 from .common import EmbedLayer, HeadLayer, apply_model_start, block_options, refuse_unhandled
 
-_HANDLED = {"c_crossattn", "ref_latents", "ref_latents_method"}
+_HANDLED = {"c_crossattn", "ref_latents", "ref_latents_method", "attention_mask"}
+# Reference layouts as codes for the first stage: -1 the model's default, 0 offset (any other name).
+_METHODS = {"index": 1, "negative_index": 2}
+_REFUSED_METHODS = ("index_timestep_zero",)
+
+
+def _method(dm, code: int) -> str:
+    """The layout _forward uses for the method code: 0.3.75 knows only "index" (its default) and the
+    offset layout; a host model with `default_ref_method` also "negative_index"."""
+    default = getattr(dm, "default_ref_method", None)
+    if code == -1:
+        code = _METHODS.get(default, 0) if default is not None else 1
+    if code == 2 and default is None:  # a host without it reads the name as the offset layout
+        code = 0
+    return {0: "offset", 1: "index", 2: "negative_index"}[code]
+
+
+def _additive(mask, dtype):
+    """_forward's conversion (0.33+) of an integer text mask to the additive one the blocks take."""
+    return mask if torch.is_floating_point(mask) else (mask - 1).to(dtype) * torch.finfo(dtype).max
 
 
 class _Embed(EmbedLayer):
@@ -30,7 +53,7 @@ class _Embed(EmbedLayer):
     def forward(self, inputs):
         from comfy.model_base import convert_tensor
 
-        xt, sigma, context, index_method, *refs = inputs
+        xt, sigma, context, mask, method, *refs = inputs
         base, dm = self._refs
 
         # BaseModel._apply_model
@@ -41,7 +64,7 @@ class _Embed(EmbedLayer):
 
         # QwenImageTransformer2DModel._forward, up to the blocks
         img, img_ids, _ = dm.process_img(xc)
-        img, img_ids = _add_references(dm, img, img_ids, refs, bool(index_method.reshape(-1)[0]))
+        img, img_ids = _add_references(dm, img, img_ids, refs, _method(dm, int(method.reshape(-1)[0])))
         p = dm.patch_size
         txt_start = round(max(((xc.shape[-1] + (p // 2)) // p) // 2, ((xc.shape[-2] + (p // 2)) // p) // 2))
         txt_ids = torch.arange(txt_start, txt_start + context.shape[1], device=device).reshape(1, -1, 1)
@@ -50,15 +73,18 @@ class _Embed(EmbedLayer):
         img = dm.img_in(img)
         txt = dm.txt_in(dm.txt_norm(context))
         temb = dm.time_text_embed(t, img)
-        return img, txt, temb, pe, xt, sigma
+        return img, txt, mask, temb, pe, xt, sigma
 
 
-def _add_references(dm, img, img_ids, refs, index_method: bool):
+def _add_references(dm, img, img_ids, refs, method: str):
     """_forward's reference-latent loop: the reference tokens appended after the target's."""
     h = w = index = 0
     for ref in refs:
-        if index_method:
+        if method == "index":
             index += 1
+            h_offset = w_offset = 0
+        elif method == "negative_index":
+            index -= 1
             h_offset = w_offset = 0
         else:
             index, h_offset, w_offset = 1, 0, 0
@@ -82,14 +108,15 @@ class _Block(nn.Module):
         self.last = index == total - 1
 
     def forward(self, inputs):
-        img, txt, temb, pe, xt, sigma = inputs
+        img, txt, mask, temb, pe, xt, sigma = inputs
         # _forward writes block_type "double" etc. into transformer_options before each block
-        txt, img = self.block(hidden_states=img, encoder_hidden_states=txt, encoder_hidden_states_mask=None,
+        txt, img = self.block(hidden_states=img, encoder_hidden_states=txt,
+                              encoder_hidden_states_mask=_additive(mask, img.dtype) if mask.numel() else None,
                               temb=temb, image_rotary_emb=pe,
                               transformer_options=block_options(sigma, "double", self.index, self.total))
-        if self.last:  # the head reads neither the text stream nor pe
+        if self.last:  # the head reads neither the text stream nor pe (the mask is integer: no gradient)
             return img, temb, xt, sigma
-        return img, txt, temb, pe, xt, sigma
+        return img, txt, mask, temb, pe, xt, sigma
 
 
 class _Head(HeadLayer):
@@ -100,10 +127,11 @@ class _Head(HeadLayer):
         p = self._dm[0].patch_size
         # process_img's padded input shape [B, C, T, H, W] (H and W up to a multiple of the patch), from xt
         shape = (*xt.shape[:3], -(-xt.shape[-2] // p) * p, -(-xt.shape[-1] // p) * p)
-        target = (shape[-2] // 2) * (shape[-1] // 2)
+        target = shape[2] * (shape[-2] // 2) * (shape[-1] // 2)
         out = self.proj_out(self.norm_out(img, temb))
-        out = out[:, :target].view(shape[0], shape[-2] // 2, shape[-1] // 2, shape[1], 2, 2)
-        out = out.permute(0, 3, 1, 4, 2, 5).reshape(shape)[:, :, :, :xt.shape[-2], :xt.shape[-1]]
+        # frames, rows, columns, channels, 2 x 2 (0.33's layout; 0.3.75 runs one frame, where both agree)
+        out = out[:, :target].view(shape[0], shape[2], shape[-2] // 2, shape[-1] // 2, shape[1], 2, 2)
+        out = out.permute(0, 4, 1, 2, 5, 3, 6).reshape(shape)[:, :, :, :xt.shape[-2], :xt.shape[-1]]
         return self.model_sampling.calculate_denoised(sigma, out.float(), xt)
 
 
@@ -124,10 +152,22 @@ class QwenImageAdapter:
         kw = prepared.kwargs
         refuse_unhandled(kw, _HANDLED, "Qwen-Image", "text-to-image and Edit reference latents only")
         xt = prepared.xt
-        # _forward treats a missing method as "index" and any other name as the offset layout.
-        index_method = kw.get("ref_latents_method", "index") == "index"
-        code = torch.tensor([int(index_method)], device=xt.device)
-        return (xt, prepared.sigma, kw["c_crossattn"], code, *(kw.get("ref_latents") or ()))
+        method = kw.get("ref_latents_method")
+        if method in _REFUSED_METHODS:
+            from ..patches import comfy_version
+
+            raise ConfigError(f"pipeline_stages > 1 for Qwen-Image does not reproduce the reference method {method!r} "
+                              f"of ComfyUI {comfy_version()} (a zero timestep for the reference tokens). Set "
+                              "pipeline_stages to 1 for this model, or use another reference_latents_method.")
+        # a missing method is the model's default; any name _forward does not know is the offset layout
+        code = torch.tensor([-1 if method is None else _METHODS.get(method, 0)], device=xt.device)
+        mask = kw.get("attention_mask")
+        if mask is not None and torch.is_floating_point(mask):
+            raise ConfigError("pipeline_stages > 1 for Qwen-Image needs the text encoder's integer attention mask; "
+                              "this dataset holds a float one. Re-cache it, or set pipeline_stages to 1.")
+        if mask is None:  # an integer stand-in: DeepSpeed expects no gradient for it where the last block drops it
+            mask = torch.zeros((xt.shape[0], 0), dtype=torch.long, device=xt.device)
+        return (xt, prepared.sigma, kw["c_crossattn"], mask, code, *(kw.get("ref_latents") or ()))
 
     @staticmethod
     def layers(base_model) -> list[nn.Module]:

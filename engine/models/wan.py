@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from ..config import ConfigError
+from .common import block_options
 
 
 class _Embed(nn.Module):
@@ -66,19 +67,32 @@ class _Embed(nn.Module):
         return x, e, e0, context, freqs, xt, sigma
 
 
+def _grid(dm, xt) -> tuple[int, int, int]:
+    """The patch grid (frames, height, width) of the padded latent: forward_orig's grid_sizes."""
+    return tuple((n + p - 1) // p for n, p in zip(xt.shape[2:], dm.patch_size))
+
+
 class _Block(nn.Module):
-    def __init__(self, block):
+    def __init__(self, base, block, index: int, total: int):
         super().__init__()
         self.block = block
+        self._dm = (base.diffusion_model,)
+        self.index, self.total = index, total
+
+    def options(self, sigma, xt) -> dict:
+        """What forward_orig of ComfyUI 0.33+ hands each block (0.3.75 hands none; its blocks then read
+        only patches, which neither sets)."""
+        return {**block_options(sigma, "double", self.index, self.total), "grid_sizes": _grid(self._dm[0], xt)}
 
     def forward(self, inputs):
         if len(inputs) == 8:  # with CLIP vision tokens
             x, e, e0, context_img, context, freqs, xt, sigma = inputs
             x = self.block(x, e=e0, freqs=freqs, context=torch.cat([context_img, context], dim=1),
-                           context_img_len=context_img.shape[1], transformer_options={})
+                           context_img_len=context_img.shape[1], transformer_options=self.options(sigma, xt))
             return x, e, e0, context_img, context, freqs, xt, sigma
         x, e, e0, context, freqs, xt, sigma = inputs
-        x = self.block(x, e=e0, freqs=freqs, context=context, context_img_len=None, transformer_options={})
+        x = self.block(x, e=e0, freqs=freqs, context=context, context_img_len=None,
+                       transformer_options=self.options(sigma, xt))
         return x, e, e0, context, freqs, xt, sigma
 
 
@@ -93,8 +107,7 @@ class _Head(nn.Module):
         x, e, e0, *contexts, freqs, xt, sigma = inputs
         dm = self._dm[0]
         frames, h, w = xt.shape[2:]
-        grid = [(frames + dm.patch_size[0] - 1) // dm.patch_size[0], (h + dm.patch_size[1] - 1) // dm.patch_size[1],
-                (w + dm.patch_size[2] - 1) // dm.patch_size[2]]
+        grid = list(_grid(dm, xt))
         out = dm.unpatchify(self.head(x, e), grid)[:, :, :frames, :h, :w]
         denoised = self.model_sampling.calculate_denoised(sigma, out.float(), xt)
         # DeepSpeed sends a gradient back for every float tensor a stage receives; keep the ones the
@@ -131,4 +144,6 @@ class WanAdapter:
             if getattr(dm, part, None) is not None:
                 raise ConfigError(f"pipeline_stages > 1 is not available for this Wan variant ({part}): set "
                                   "pipeline_stages to 1 for this model.")
-        return [_Embed(base_model), *[_Block(b) for b in dm.blocks], _Head(base_model)]
+        total = len(dm.blocks)
+        return [_Embed(base_model), *[_Block(base_model, b, i, total) for i, b in enumerate(dm.blocks)],
+                _Head(base_model)]

@@ -10,6 +10,7 @@ import { openBrowser, openComfy } from "../../tools/chromium.mjs";
 
 const [url, artifacts, runName, templateCount] = process.argv.slice(2);
 const TRAIN_ID = 8;
+const SAVE_ID = 9;
 fs.mkdirSync(artifacts, { recursive: true });
 const summary = { statuses: [], steps: {} };
 const VIEW = { width: 1700, height: 1200 };
@@ -62,6 +63,26 @@ async function focusTrainNode() {
   await page.waitForTimeout(300);
 }
 
+async function pressCancel() {
+  // The run bar's "Cancel current run", where the frontend knows the job is running.
+  const runBar = page.getByRole("button", { name: "Cancel current run" }).and(page.locator(":enabled"));
+  try {
+    await runBar.first().waitFor({ state: "visible", timeout: 10000 });
+    await runBar.first().click();
+    return "run bar";
+  } catch (e) {
+    if (e?.name !== "TimeoutError") throw e;
+  }
+  // A frontend that learns of a job only from its start event keeps that button disabled after a
+  // reload mid-run; its job list ("1 active") still shows the running job, whose row offers Cancel
+  // while the pointer is on it.
+  await page.getByRole("button", { name: /\b\d+ active\b/ }).first().click();
+  const row = page.locator("[data-job-id]").filter({ hasText: "Running" }).first();
+  await row.hover({ timeout: 10000 });
+  await row.getByRole("button", { name: "Cancel", exact: true }).click({ timeout: 10000 });
+  return "job list";
+}
+
 try {
   await openComfy(page, url);
   // The example workflow, as a user finds it: Templates -> PipeTrain -> train_lora_then_test.
@@ -92,7 +113,9 @@ try {
   await focusTrainNode();
   await shot("01_loaded.png");
 
-  await page.getByRole("button", { name: "Run", exact: true }).click();
+  // The button that queues the run, not a neighbour that opens the run-mode menu (newer frontends
+  // label that one "Run" too).
+  await page.getByRole("button", { name: "Run", exact: true }).and(page.locator(":not([aria-haspopup])")).click();
   const t0 = Date.now();
   summary.training = await until("the loss chart to fill", (v) => v.points >= 6, 180000);
   summary.steps.firstChart = Date.now() - t0;
@@ -109,20 +132,63 @@ try {
   await focusTrainNode();
   await shot("04_after_reload.png");
 
+  summary.cancelVia = await pressCancel();
   const pressed = Date.now();
-  await page.getByRole("button", { name: "Cancel current run" }).click();
   summary.cancelled = await until("the cancelled status", (v) => v.status === "cancelled", 60000);
   summary.cancelSeconds = (Date.now() - pressed) / 1000;
   await page.waitForTimeout(500);
   await focusTrainNode();
   await shot("05_cancelled.png");
+
+  // The text summary SaveLoRA returns ({"ui": {"text": [...]}}) as the frontend delivers it: an
+  // `executed` event from the api. It shows in a read-only box inside the node, as tall as its text,
+  // and is never saved with the workflow.
+  await page.evaluate((id) => {
+    const node = window.app.graph.getNodeById(id);
+    const ds = window.app.canvas.ds;
+    ds.scale = 1;
+    ds.offset = [-node.pos[0] + 200, -node.pos[1] + 200];
+    window.app.graph.setDirtyCanvas(true, true);
+  }, SAVE_ID);
+  await page.waitForTimeout(300);
+  summary.summaryText = await page.evaluate(async (id) => {
+    const { api } = await import("/scripts/api.js");
+    const node = window.app.graph.getNodeById(id);
+    const before = node.serialize().widgets_values?.length ?? 0;
+    const text = "saved pipetrain/ui_check.safetensors";
+    api.dispatchEvent(new CustomEvent("executed", { detail: { node: String(id), display_node: String(id),
+                                                                 output: { text: [text] } } }));
+    await new Promise((r) => setTimeout(r, 500));
+    const widget = node.widgets?.find((w) => w.name === "pipetrain_summary");
+    const box = widget?.element;
+    // The node's body on screen (pos is its top-left corner below the title) against the box's rectangle.
+    const ds = window.app.canvas.ds;
+    const canvasRect = window.app.canvas.canvas.getBoundingClientRect();
+    const toScreen = ([x, y]) => [(x + ds.offset[0]) * ds.scale + canvasRect.left,
+                                  (y + ds.offset[1]) * ds.scale + canvasRect.top];
+    const [left, top] = toScreen(node.pos);
+    const [right, bottom] = toScreen([node.pos[0] + node.size[0], node.pos[1] + node.size[1]]);
+    const r = box?.getBoundingClientRect();
+    const inside = !!r && r.height > 0 && r.left >= left - 2 && r.right <= right + 2 && r.top >= top - 2
+      && r.bottom <= bottom + 2;
+    return { value: widget?.value, box: box?.tagName, readOnly: box?.readOnly, boxText: box?.value,
+             inPage: !!box?.isConnected, inside, boxHeight: r ? Math.round(r.height) : 0,
+             lineHeight: box ? parseFloat(getComputedStyle(box).lineHeight) || 14 : 0,
+             node: [Math.round(left), Math.round(top), Math.round(right), Math.round(bottom)],
+             rect: r ? [r.left, r.top, r.right, r.bottom].map(Math.round) : null,
+             serialized: (node.serialize().widgets_values?.length ?? 0) - before, expected: text };
+  }, SAVE_ID);
+  await shot("06_summary.png");
   summary.ok = true;
 } catch (e) {
   summary.ok = false;
   summary.error = String(e?.stack || e);
   await shot("99_failure.png").catch(() => {});
 } finally {
+  // The frontend warns when an extension imports one of its internal modules (only this pack is installed).
+  summary.internalImportNotices = log.filter((line) => line.includes("[ComfyUI Notice]"));
   fs.writeFileSync(path.join(artifacts, "console.log"), log.join("\n") + "\n");
+  fs.writeFileSync(path.join(artifacts, "summary.json"), JSON.stringify(summary, null, 2) + "\n");
   await browser.close();
 }
 console.log(JSON.stringify(summary));
