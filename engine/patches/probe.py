@@ -272,8 +272,9 @@ def on_device(diffusion_model: nn.Module, all_blocks: list[nn.Module], device: t
         if id(block) in kept:
             block.to(device)
             continue
-        handles.append(block.register_forward_pre_hook(lambda m, a: m.to(device)))
-        handles.append(block.register_forward_hook(lambda m, a, o: m.to(home)))
+        # hooks must return None: a returned value would replace the block's input / output
+        handles.append(block.register_forward_pre_hook(lambda m, a: (m.to(device), None)[1]))
+        handles.append(block.register_forward_hook(lambda m, a, o: (m.to(home), None)[1]))
     for module in outside:
         _move_own(module, device)
     try:
