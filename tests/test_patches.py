@@ -247,7 +247,7 @@ def test_kitchen_backward_equals_autograd_through_the_eager_code():
 
     ops = kitchen.candidates()
     if "rms_rope_split_half" not in ops:
-        pytest.skip("needs comfy-kitchen's rms_rope_split_half (ComfyUI 0.33 and later); this ComfyUI has none")
+        pytest.skip("needs a ComfyUI tree with comfy-kitchen's rms_rope_split_half (0.33 and later, ../shared/comfyui-0.33.0); this tree has none")
     gen = torch.Generator().manual_seed(0)
     q, k = (torch.randn(1, 2, 6, 8, generator=gen) for _ in range(2))
     freqs = torch.randn(1, 1, 6, 4, 2, 2, generator=gen)

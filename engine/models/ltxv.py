@@ -55,25 +55,31 @@ def _embedders(dm):
     return [dm.patchify_proj, dm.adaln_single, *[m for m in extra if isinstance(m, nn.Module)]]
 
 
+def _start(base, inputs):
+    """BaseModel._apply_model (+ LTXV.process_timestep) on the stage inputs; empty tensors stand for
+    "absent". Returns (xc, t, context, mask, denoise_mask, keyframe_idxs, frame_rate)."""
+    from comfy.model_base import convert_tensor
+
+    xt, sigma, context, mask, frame_rate, denoise_mask, keyframe_idxs = inputs
+    xc, t, context, dtype = apply_model_start(base, sigma, xt, context)
+    device = xc.device
+    mask = convert_tensor(mask, dtype, device)
+    denoise_mask, keyframe_idxs = (None if v is None else convert_tensor(v, dtype, device)
+                                   for v in (or_none(denoise_mask), or_none(keyframe_idxs)))
+    t = base.process_timestep(t, x=xt, denoise_mask=denoise_mask)
+    frame_rate = frame_rate.reshape(-1)[0].item()  # a Python number in ComfyUI (CONDConstant)
+    return xc, t, context, mask, denoise_mask, keyframe_idxs, frame_rate
+
+
 class _Embed(EmbedLayer):
     def __init__(self, base):
         super().__init__(base, _embedders(base.diffusion_model))
 
     def forward(self, inputs):
         from comfy.ldm.lightricks.model import latent_to_pixel_coords, precompute_freqs_cis
-        from comfy.model_base import convert_tensor
-
         xt, sigma, context, mask, frame_rate, denoise_mask, keyframe_idxs = inputs
         base, dm = self._refs
-
-        # BaseModel._apply_model (+ LTXV.process_timestep); empty tensors stand for "absent"
-        xc, t, context, dtype = apply_model_start(base, sigma, xt, context)
-        device = xc.device
-        mask = convert_tensor(mask, dtype, device)
-        denoise_mask, keyframe_idxs = (None if v is None else convert_tensor(v, dtype, device)
-                                       for v in (or_none(denoise_mask), or_none(keyframe_idxs)))
-        t = base.process_timestep(t, x=xt, denoise_mask=denoise_mask)
-        frame_rate = frame_rate.reshape(-1)[0].item()  # a Python number in ComfyUI (CONDConstant)
+        xc, t, context, mask, denoise_mask, keyframe_idxs, frame_rate = _start(base, inputs)
 
         # LTXVModel._forward, up to the blocks
         x, latent_coords = dm.patchifier.patchify(xc)
@@ -102,17 +108,9 @@ class _StepsEmbed(EmbedLayer):
         super().__init__(base, _embedders(base.diffusion_model))
 
     def forward(self, inputs):
-        from comfy.model_base import convert_tensor
-
         xt, sigma, context, mask, frame_rate, denoise_mask, keyframe_idxs = inputs
         base, dm = self._refs
-        xc, t, context, dtype = apply_model_start(base, sigma, xt, context)
-        device = xc.device
-        mask = convert_tensor(mask, dtype, device)
-        denoise_mask, keyframe_idxs = (None if v is None else convert_tensor(v, dtype, device)
-                                       for v in (or_none(denoise_mask), or_none(keyframe_idxs)))
-        t = base.process_timestep(t, x=xt, denoise_mask=denoise_mask)
-        frame_rate = frame_rate.reshape(-1)[0].item()  # a Python number in ComfyUI (CONDConstant)
+        xc, t, context, mask, denoise_mask, keyframe_idxs, frame_rate = _start(base, inputs)
 
         batch = xc.shape[0]
         merged = dict(transformer_options(sigma))
