@@ -245,13 +245,19 @@ def shallow(shape: Shape, blocks: int = 2) -> Shape:
     return replace(shape, config=cfg)
 
 
-def build(shape: Shape, device: str = "meta"):
-    """ComfyUI's BaseModel for `shape`, weights uninitialised (device 'meta' allocates nothing)."""
+def build(shape: Shape, device: str = "meta", dtype=None):
+    """ComfyUI's BaseModel for `shape`, weights uninitialised (device 'meta' allocates nothing).
+
+    dtype: the weights' dtype, set the way ComfyUI's loader sets it (the model then casts its inputs
+    to it); None leaves ComfyUI's default (float32)."""
     import comfy.supported_models
 
     from PipeTrain.tools.tiny_config import host_config  # the keys a newer host's classes require, as detection fills them
 
-    return getattr(comfy.supported_models, shape.family)(host_config(shape.config)).get_model({}, device=device)
+    config = getattr(comfy.supported_models, shape.family)(host_config(shape.config))
+    if dtype is not None:
+        config.set_inference_dtype(dtype, None)
+    return config.get_model({}, device=device)
 
 
 def detect(state_dict: dict) -> tuple[str, dict] | None:

@@ -73,9 +73,9 @@ def main() -> int:
     print("|---|---|---|---|---|---|")
     for name in args.shapes.split(","):
         shape = shallow(SHAPES[name], args.blocks) if args.blocks else SHAPES[name]
-        model = build(shape, device="cpu")
+        model = build(shape, device="cpu", dtype=torch.bfloat16 if cuda else torch.float32)
         model.diffusion_model.load_state_dict(random_state(model.diffusion_model))
-        model.diffusion_model.to(device, torch.bfloat16 if cuda else torch.float32)
+        model.diffusion_model.to(device)
         model.model_sampling.to(device)
         frames = args.frames if shape.video else 1
         latents = torch.zeros((1, *shape.latent(args.size, frames)), device=device)

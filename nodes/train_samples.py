@@ -71,6 +71,8 @@ class SampleDecoder:
         latents, prompts = read_samples(event["path"])
         with torch.inference_mode():
             images = self.vae.decode(latents)
+        if compat.cuda_available():  # the ranks are training on these GPUs: give the VAE's VRAM back
+            compat.free_accelerator_memory()
         images = images.reshape(-1, *images.shape[-3:])  # video VAEs return [N, T, H, W, C]
         step = int(event["step"])
         folder = self.run_dir / SAMPLES_DIR
