@@ -24,7 +24,7 @@ def setup(pytorch_attention: bool = False) -> str:
     root = os.environ.get("COMFYUI_PATH")
     if not root:
         raise SystemExit("set COMFYUI_PATH to a ComfyUI folder (scripts/bootstrap.sh prints one)")
-    from PipeTrain.engine.comfy_bootstrap import import_comfy
+    from PipeTrain.engine.launch.comfy_bootstrap import import_comfy
 
     import_comfy(root, pytorch_attention=pytorch_attention)
     return root

@@ -10,7 +10,7 @@ tools/tiny_assets.py, loaded through ComfyUI as the tests do. It measures:
   - peak RSS of the process above what it held after loading the encoders (RAM that grows
     with N would show here), and the cache's size on disk;
   - a re-run with nothing changed (LoadDataset's IS_CHANGED, its scan, CacheLatents, which reuses
-    that scan: engine/scan_memo.py);
+    that scan: engine/data/scan_memo.py);
   - a re-run after touching 1% of the images (only those should be encoded again);
   - CacheLatents with trust_cache on (only the cache's manifests are read).
 Unchanged items of a new fingerprint are copied from the previous cache's shards (read + write
@@ -202,9 +202,11 @@ def run_store(n: int, work: Path) -> dict:
     """The sharded store alone: n tiny items through ShardWriter, write_metadata, then reads."""
     import torch
 
-    import PipeTrain.engine.cache_format as fmt
-    import PipeTrain.engine.cache_store as store
-    from PipeTrain.engine.dataset import DatasetSpec, FolderSpec
+    import PipeTrain.engine.cache.format as fmt
+    from PipeTrain.engine.cache.reader import CachedDataset
+    from PipeTrain.engine.cache.writer import write_item
+    import PipeTrain.engine.cache.shards as store
+    from PipeTrain.engine.data.scan import DatasetSpec, FolderSpec
 
     folder = work / f"store_{n}"
     shutil.rmtree(folder, ignore_errors=True)
@@ -214,7 +216,7 @@ def run_store(n: int, work: Path) -> dict:
     t = time.perf_counter()
     writer = store.ShardWriter(cache_dir)
     for i in range(n):
-        fmt.write_item(writer, i, torch.randn(1, 4, 8, 8), torch.randn(1, 8 + i % 4, 16), {"pooled_output": None},
+        write_item(writer, i, torch.randn(1, 4, 8, 8), torch.randn(1, 8 + i % 4, 16), {"pooled_output": None},
                        f"img{i:06d}.png", f"caption number {i}", 1)
     writer.flush()
     out["write_s"] = time.perf_counter() - t
@@ -231,7 +233,7 @@ def run_store(n: int, work: Path) -> dict:
 
     gc.collect()
     base, t = _rss_mib(), time.perf_counter()
-    ds = fmt.CachedDataset(cache_dir)
+    ds = CachedDataset(cache_dir)
     buckets, repeats = ds.buckets(), [ds.repeats(i) for i in range(len(ds))]
     out["open_s"] = time.perf_counter() - t
     out["open_rss_growth_mib"] = _rss_mib() - base

@@ -19,8 +19,9 @@ from model_shapes import Shape
 def write_cache(root: Path, shape: Shape, size: int, frames: int = 1, items: int = 16, height: int = 0) -> str:
     """A latent cache of `items` random samples at width size x height (default size; x frames); returns its folder."""
     import torch
-    from PipeTrain.engine.cache_format import write_item, write_manifest
-    from PipeTrain.engine.dataset import DatasetSpec, FolderSpec
+    from PipeTrain.engine.cache.legacy import write_manifest
+    from PipeTrain.engine.cache.writer import write_item
+    from PipeTrain.engine.data.scan import DatasetSpec, FolderSpec
 
     from model_shapes import sample_cond
 
@@ -44,10 +45,12 @@ def write_cache(root: Path, shape: Shape, size: int, frames: int = 1, items: int
 
 def run_engine(name: str, model: str, cache: str, out: Path, *, gpus: int, steps: int, grad_accum: int = 1,
                stages: int = 1, split: str = "", memory: dict[str, Any] | None = None) -> dict[str, Any]:
-    """One training run through engine.launcher; step times from its events (median after 2 warm-up steps)."""
+    """One training run through engine.launch.launcher; step times from its events (median after 2 warm-up steps)."""
     import torch
-    from PipeTrain.engine import launcher
-    from PipeTrain.engine.config import LaunchSpec, LoraSpec, MemorySpec, RunConfig, TrainSpec
+    from PipeTrain.engine.launch import launcher
+    from PipeTrain.engine.config.launch import LaunchSpec
+    from PipeTrain.engine.config.run import RunConfig
+    from PipeTrain.engine.config.sections import LoraSpec, MemorySpec, TrainSpec
     from PipeTrain.engine.events import EventTail
 
     run_dir = out / name

@@ -11,7 +11,7 @@ reads from a real file), bf16 on CUDA with PyTorch attention, and the engine's l
 each shape of benchmarks/model_shapes.py it writes a random bf16 file of the shape cut to --blocks
 blocks per block list (model_shapes.shallow; 0 = full depth; families whose depth ComfyUI's
 detection does not read from the file run at full depth), then, in its own process:
-  - loads it with the engine (engine.model_loading.load_base_model: ComfyUI's loader and detection)
+  - loads it with the engine (engine.models.loading.load_base_model: ComfyUI's loader and detection)
     and checks the detected class is the shape's family;
   - injects a LoRA (rank 32, the default `attention` preset) and trains --steps AdamW steps at --lr on
     one fixed sample, noise and timestep (model_shapes.sample_cond): the loss must fall; then
@@ -57,11 +57,12 @@ def child(job: dict) -> dict:
     from safetensors.torch import load_file
 
     from model_shapes import SHAPES, sample_cond
-    from PipeTrain.engine.config import LoraSpec, MemorySpec, RunConfig, TrainSpec
-    from PipeTrain.engine.lora import inject_lora, lora_parameters, lora_state_dict, lora_tensors, save_lora
-    from PipeTrain.engine.model_loading import load_base_model
-    from PipeTrain.engine.objective import DiffusionObjective, transformer_options
-    from PipeTrain.engine.patches import make_trainable
+    from PipeTrain.engine.config.run import RunConfig
+    from PipeTrain.engine.config.sections import LoraSpec, MemorySpec, TrainSpec
+    from PipeTrain.engine.train.lora import inject_lora, lora_parameters, lora_state_dict, lora_tensors, save_lora
+    from PipeTrain.engine.models.loading import load_base_model
+    from PipeTrain.engine.train.objective import DiffusionObjective, transformer_options
+    from PipeTrain.engine.patches.trainable import make_trainable
 
     device = torch.device("cuda", 0) if cuda else torch.device("cpu")
     shape = SHAPES[job["shape"]]  # only its conditioning and latent geometry, the same at any depth
@@ -78,7 +79,7 @@ def child(job: dict) -> dict:
     gen = torch.Generator().manual_seed(0)
     latents = torch.randn((1, *shape.latent(size, frames)), generator=gen).to(device)
     conds = [sample_cond(shape, device=str(device), size=size, frames=frames)]
-    probed = time.time()  # the engine's block probe, as engine/train.py runs it after loading
+    probed = time.time()  # the engine's block probe, as engine/train/loop.py runs it after loading
     forwards = make_trainable(model.diffusion_model, lambda: objective(latents, conds, [0]), device=device)
     probe_s = time.time() - probed
     torch.manual_seed(0)

@@ -1,7 +1,7 @@
 """FLOPs of one LoRA training sample, counted on ComfyUI's own forward (no GPU, no memory).
 
 The model is built on the 'meta' device and run once under torch's FlopCounterMode with the same
-conditioning path the engine uses (engine.objective.model_kwargs -> apply_model), so the count
+conditioning path the engine uses (engine.train.objective.model_kwargs -> apply_model), so the count
 follows whatever ComfyUI's forward does. Run with PyTorch SDPA attention (the GPU path), so
 attention is counted as attention.
 
@@ -43,7 +43,7 @@ def _forward_flops(model, latent_shape, cond) -> tuple[float, float]:
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
-    from PipeTrain.engine.objective import model_kwargs
+    from PipeTrain.engine.train.objective import model_kwargs
 
     # Conditioning is built on the CPU (some encode_adm mix in CPU tensors), then moved to meta.
     x0 = torch.zeros((1, *latent_shape))
@@ -64,8 +64,8 @@ def step_flops(shape, size: int, frames: int = 1, lora_rank: int = 32, lora_targ
     """FLOPs of one sample of `shape` (benchmarks.model_shapes) at size x size (x frames)."""
     import torch
 
-    from PipeTrain.engine.config import LoraSpec
-    from PipeTrain.engine.lora import inject_lora
+    from PipeTrain.engine.config.sections import LoraSpec
+    from PipeTrain.engine.train.lora import inject_lora
 
     from model_shapes import build, sample_cond
 

@@ -60,14 +60,16 @@ def child(job: dict) -> dict:
     if cuda and job["cap_gib"]:
         torch.cuda.set_per_process_memory_fraction(job["cap_gib"] * GIB / torch.cuda.get_device_properties(0).total_memory)
     setup(pytorch_attention=cuda)
-    from PipeTrain.engine.config import LoraSpec, MemorySpec, RunConfig, TrainSpec
-    from PipeTrain.engine.lora import inject_lora, lora_parameters
-    from PipeTrain.engine.memory import apply_memory_options
-    from PipeTrain.engine.model_loading import load_base_model
-    from PipeTrain.engine.objective import DiffusionObjective
-    from PipeTrain.engine.optim import build_optimizer, build_scheduler
-    from PipeTrain.engine.patches import make_trainable
-    from PipeTrain.engine.plain_trainer import PlainTrainer
+    from PipeTrain.engine.config.run import RunConfig
+    from PipeTrain.engine.config.sections import LoraSpec, MemorySpec, TrainSpec
+    from PipeTrain.engine.train.lora import inject_lora, lora_parameters
+    from PipeTrain.engine.memory.options import apply_memory_options
+    from PipeTrain.engine.models.loading import load_base_model
+    from PipeTrain.engine.train.objective import DiffusionObjective
+    from PipeTrain.engine.train.optim import build_scheduler
+    from PipeTrain.engine.train.optimizers import build_optimizer
+    from PipeTrain.engine.patches.trainable import make_trainable
+    from PipeTrain.engine.train.plain import PlainTrainer
     from model_shapes import sample_cond
 
     device = torch.device("cuda", 0) if cuda else torch.device("cpu")
@@ -86,12 +88,12 @@ def child(job: dict) -> dict:
     gen = torch.Generator().manual_seed(0)
     latents = torch.randn((1, *shape.latent(res["size"], res["frames"])), generator=gen).to(device)
     cond = sample_cond(shape, device=str(device))
-    probe = DiffusionObjective(model, seed=0)  # the engine's block probe (engine/train.py), on the run's sample
+    probe = DiffusionObjective(model, seed=0)  # the engine's block probe (engine/train/loop.py), on the run's sample
     make_trainable(model.diffusion_model, lambda: probe(latents, [cond], [0]), device=device)
     torch.manual_seed(0)
     inject_lora(model.diffusion_model, cfg.lora)
     if compile_now:  # compile first (innermost), with the chosen backend
-        from PipeTrain.engine.compile_blocks import compile_blocks
+        from PipeTrain.engine.memory.compile import compile_blocks
 
         compile_blocks(model.diffusion_model, backend=job["compile_backend"])
     plan = apply_memory_options(model, spec, device)
@@ -134,7 +136,7 @@ def child(job: dict) -> dict:
 def block_bytes(shape_name: str, fp8: bool) -> tuple[list[int], int]:
     """(bytes of each block in model order, bytes of the whole diffusion model) for a bf16 (or fp8) base."""
     from model_shapes import build
-    from PipeTrain.engine.blocks import blocks
+    from PipeTrain.engine.memory.blocks import blocks
 
     dm = build(_shape(shape_name)).diffusion_model
 

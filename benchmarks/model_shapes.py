@@ -322,7 +322,7 @@ def sample_cond(shape: Shape, device: str = "cpu", seed: int = 0, size: int = 10
     without the batch dim, every key the family's extra_conds reads for plain text-to-image/video training.
 
     Reference latents (edit models) are raw latents of the sample's own size (size x height x frames),
-    under the cache's flat keys "reference_latents.0", ... (engine/conditioning.py lists them again).
+    under the cache's flat keys "reference_latents.0", ... (engine/train/conditioning.py lists them again).
     """
     import torch
 
@@ -337,7 +337,7 @@ def sample_cond(shape: Shape, device: str = "cpu", seed: int = 0, size: int = 10
         extras["attention_mask"] = torch.ones(shape.text_tokens, dtype=torch.long, device=device)
     for i in range(shape.reference_latents):
         extras[f"reference_latents.{i}"] = torch.randn(shape.latent(size, frames, height), generator=gen).to(device)
-    if shape.first_frame:  # the keys engine/first_frame.py stores, with a random start-frame latent
+    if shape.first_frame:  # the keys engine/cache/first_frame.py stores, with a random start-frame latent
         latent = shape.latent(size, frames, height)
         mask = torch.ones((1, *latent[1:]))
         mask[:, :1] = 0.0  # the first latent frame is the given one
@@ -361,7 +361,7 @@ def meta_forward(shape: Shape, size: int, frames: int = 1) -> tuple[int, ...]:
     chunks by the device's free memory, which meta has not. HiDream cannot run (its MoE routing reads data)."""
     import torch
 
-    from PipeTrain.engine.objective import model_kwargs
+    from PipeTrain.engine.train.objective import model_kwargs
 
     model = build(shape)
     model.model_sampling.to("meta")

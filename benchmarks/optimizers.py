@@ -19,8 +19,9 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from engine.config import OPTIMIZER_LR_RANGES, OPTIMIZERS, TrainSpec  # noqa: E402
-from engine.optimizers import build_optimizer  # noqa: E402
+from engine.config.choices import OPTIMIZER_LR_RANGES, OPTIMIZERS  # noqa: E402
+from engine.config.sections import TrainSpec
+from engine.train.optimizers import build_optimizer  # noqa: E402
 
 LEARNING_RATE = {"prodigy": 1.0, "adafactor": 1e-2}
 

@@ -93,7 +93,7 @@ def main() -> int:
     import comfy.sd
 
     from model_shapes import SHAPES, sample_cond, shallow, write_random
-    from PipeTrain.engine.objective import DiffusionObjective, transformer_options
+    from PipeTrain.engine.train.objective import DiffusionObjective, transformer_options
     from PipeTrain.nodes.compat import free_accelerator_memory
 
     shape = shallow(SHAPES[args.shape], blocks=args.blocks)

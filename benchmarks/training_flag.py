@@ -6,7 +6,7 @@ PipeTrain sets `comfy.model_management.in_training` (ComfyUI 0.33 and later) in 
 process, sample rendering included (engine/patches/host.py). With it on, ComfyUI runs plain torch
 rope / norm code instead of comfy-kitchen's fused kernels. This script samples the same model, seed
 and conditioning twice with ComfyUI's Euler sampler (ComfyUI's own `simple` schedule, 8 steps,
-apply_model with the cache-style conditioning the engine feeds, engine.objective.model_kwargs):
+apply_model with the cache-style conditioning the engine feeds, engine.train.objective.model_kwargs):
 flag off (what the ComfyUI server renders) and on (what PipeTrain's ranks render), and prints the
 difference of the final latents relative to their scale, and the time per step each way. Released
 widths cut to --blocks blocks per list, random bf16 weights, on CUDA. On a CPU both runs use
@@ -27,7 +27,7 @@ def sample(model, latents, cond, steps: int, seed: int):
     import comfy.samplers
     import torch
 
-    from PipeTrain.engine.objective import model_kwargs, transformer_options
+    from PipeTrain.engine.train.objective import model_kwargs, transformer_options
 
     ms = model.model_sampling
     sigmas = comfy.samplers.calculate_sigmas(ms, "simple", steps).to(latents.device)
@@ -62,7 +62,7 @@ def main() -> int:
     import comfy.model_management as mm
 
     from model_shapes import SHAPES, build, random_state, sample_cond, shallow
-    from PipeTrain.engine.patches import comfy_version
+    from PipeTrain.engine.patches.host import comfy_version
 
     if not hasattr(mm, "in_training"):
         print(f"ComfyUI {comfy_version()} has no training flag: nothing to compare")

@@ -1,5 +1,5 @@
 """PipeTrain's training engine. Runs out of process (`python -m engine --config run.json`).
 
 This package must stay importable without torch-heavy side effects: the ComfyUI nodes import
-`engine.config` and `engine.cache_format` for validation. It never imports `nodes/`.
+`engine.config.run` and `engine.cache.format` for validation. It never imports `nodes/`.
 """

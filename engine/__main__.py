@@ -1,7 +1,7 @@
 """Entry point (cwd = the pack's root).
 
     python -m engine --config <run_dir>/run.json     train: one rank of a run
-    python -m engine cache --config cache.json       cache: encode a dataset (engine/cache_run.py)
+    python -m engine cache --config cache.json       cache: encode a dataset (engine/cache/cli.py)
 
 The DeepSpeed launcher runs the training entry once per rank:
     python -m deepspeed.launcher.runner --num_gpus N --module --no_local_rank engine --config run.json
@@ -26,9 +26,9 @@ def _parse(argv: list[str]) -> argparse.Namespace:
 if __name__ == "__main__":
     args = _parse(sys.argv[1:])
     if args.mode == "cache":
-        from .cache_run import main as cache_main
+        from .cache.cli import main as cache_main
 
         sys.exit(cache_main(args.config, worker=args.worker))
-    from .train import main
+    from .train.loop import main
 
     sys.exit(main(args.config))

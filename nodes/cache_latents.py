@@ -1,9 +1,9 @@
 """PipeTrainCacheLatents: encode the dataset once with the graph's VAE and CLIP, keep it on disk.
 
 Training then never loads an encoder. The cache lives under the first dataset folder, keyed by
-a fingerprint of the files, captions, resolution and encoder identity (engine/cache_format.py),
+a fingerprint of the files, captions, resolution and encoder identity (engine/cache/format.py),
 so re-running is free, a cancelled run resumes, and a different VAE/CLIP gets its own folder.
-The per-item loop is the engine's (engine/cache_writer.py): here it runs as rank 0 of 1, and the
+The per-item loop is the engine's (engine/cache/writer.py): here it runs as rank 0 of 1, and the
 engine's headless cache mode (`python -m engine cache`) runs it on N ranks.
 """
 from __future__ import annotations
@@ -11,12 +11,20 @@ from __future__ import annotations
 import logging
 import time
 
-from ..engine.cache_format import CacheError, remove_cache, write_item  # noqa: F401 (CacheError: callers' import path)
-# the per-item encoding lives in the engine (engine/cache_items.py), shared with its cache mode
-from ..engine.cache_items import CONTROL_STYLES, ItemOptions, control_style_conflict
-from ..engine.cache_writer import encode_shard, find_trusted_cache, finish_cache, plan_cache, previous_items  # noqa: F401
-from ..engine.dataset import DatasetSpec
-from ..engine.first_frame import DEFAULT_STYLE, STYLES
+from ..engine.cache.first_frame import DEFAULT_STYLE, STYLES
+from ..engine.cache.format import CacheError, remove_cache  # noqa: F401 (CacheError: callers' import path)
+
+# the per-item encoding lives in the engine (engine/cache/items.py), shared with its cache mode
+from ..engine.cache.items import CONTROL_STYLES, ItemOptions, control_style_conflict
+from ..engine.cache.writer import (  # noqa: F401
+    encode_shard,
+    find_trusted_cache,
+    finish_cache,
+    plan_cache,
+    previous_items,
+    write_item,
+)
+from ..engine.data.scan import DatasetSpec
 from . import compat
 from .encoder_identity import cache_identity
 from .types import CACHE, DATASET

@@ -2,8 +2,9 @@
 TrainPipeline; without it a run uses this machine only. This ComfyUI machine is node 0."""
 from __future__ import annotations
 
-from ..engine.cluster import other_node_commands, plan
-from ..engine.config import ClusterSpec, RunConfig
+from ..engine.config.launch import ClusterSpec
+from ..engine.config.run import RunConfig
+from ..engine.launch.cluster import other_node_commands, plan
 from . import compat
 from .types import CLUSTER
 
@@ -34,7 +35,7 @@ class PipeTrainCluster:
                                 "TCP port on this machine where the ranks meet; the same on every machine and open "
                                 "in the firewall."}),
                 "no_ssh": ("BOOLEAN", {"default": True, "tooltip":
-                           "On: start `python -m engine.launcher <run>/run.json --node_rank N` on every other "
+                           "On: start `python -m engine.launch.launcher <run>/run.json --node_rank N` on every other "
                            "machine yourself (the console prints it). Off: DeepSpeed starts them over ssh (pdsh and "
                            "passwordless ssh needed)."}),
                 "timeout_s": ("INT", {"default": 1800, "min": 10, "max": 604800, "tooltip":

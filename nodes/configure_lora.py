@@ -1,7 +1,9 @@
 """PipeTrainConfigureLoRA: what LoRA to train (rank, alpha, layers, starting point)."""
 from __future__ import annotations
 
-from ..engine.config import LORA_DTYPES, LORA_TARGET_PRESETS, ConfigError, LoraSpec
+from ..engine.config.checks import ConfigError
+from ..engine.config.choices import LORA_DTYPES, LORA_TARGET_PRESETS
+from ..engine.config.sections import LoraSpec
 from . import compat
 from .types import LORA
 

@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import logging
 
-from ..engine.buckets import BucketError, parse_aspect_ratios, parse_resolutions
-from ..engine.dataset import DatasetError, DatasetSpec, cache_entries, files_signature, parse_folder_lines
-from ..engine.scan_memo import scan  # validate(), with the result kept for CacheLatents while no file changes
-from ..engine.dataset_folders import resolve_extra_folder
+from ..engine.data.buckets import BucketError, parse_aspect_ratios, parse_resolutions
+from ..engine.data.folders import resolve_extra_folder
+from ..engine.data.messages import DatasetError
+from ..engine.data.scan import DatasetSpec, cache_entries, files_signature, parse_folder_lines
+from ..engine.data.scan_memo import (
+    scan,  # validate(), with the result kept for CacheLatents while no file changes
+)
 from . import compat
 from .types import DATASET
 

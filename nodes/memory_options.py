@@ -1,15 +1,15 @@
 """PipeTrainMemoryOptions: how training trades speed for memory. Defaults give a working run."""
 from __future__ import annotations
 
-from ..engine import config as _config
-from ..engine.config import BASE_DTYPES, CHECKPOINTING, OPTIMIZERS, MemorySpec
+from ..engine.config.choices import BASE_DTYPES, CHECKPOINTING, OPTIMIZER_NOTES, OPTIMIZERS
+from ..engine.config.sections import MemorySpec
 from .types import MEMORY
 
 _LEGACY_CHECKPOINTING = {True: "on", False: "off"}  # the input was a BOOLEAN in saved workflows
 
 
 def _optimizer_tooltip() -> str:
-    notes = getattr(_config, "OPTIMIZER_NOTES", {})
+    notes = OPTIMIZER_NOTES
     lines = [f"{name}: {notes[name]}" for name in OPTIMIZERS if name in notes]
     return "Optimizer for the LoRA weights." + ("\n" + "\n".join(lines) if lines else
                                                 " AdamW keeps two fp32 values per LoRA weight, small next to the base model.")

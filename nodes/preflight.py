@@ -18,8 +18,9 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..engine.config import ConfigError, LaunchSpec
-from ..engine.first_frame import DEFAULT_STYLE, style_mismatch
+from ..engine.cache.first_frame import DEFAULT_STYLE, style_mismatch
+from ..engine.config.checks import ConfigError
+from ..engine.config.launch import LaunchSpec
 from . import compat
 
 _DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16", "I64": "int64",
@@ -162,7 +163,7 @@ def _cache_encoder(cache_dir: str, which: str) -> str:
 
 
 def _cache_first_frame(cache) -> str:
-    """The first-frame style a video cache stores (engine/first_frame.py), "" for none or an image cache."""
+    """The first-frame style a video cache stores (engine/cache/first_frame.py), "" for none or an image cache."""
     identity = _cache_identity(cache.cache_dir) if len(tuple(cache.latent_shape)) == 4 else {}
     if not identity.get("first_frame_conditioning"):
         return ""
@@ -172,7 +173,7 @@ def _cache_first_frame(cache) -> str:
 def _cache_text_width(cache_dir: str) -> int:
     """The width of the first cached item's text conditioning; 0 when it cannot be read here."""
     try:
-        from ..engine.cache_format import CachedDataset
+        from ..engine.cache.reader import CachedDataset
 
         return int(CachedDataset(cache_dir)[0]["cross_attn"].shape[-1])
     except Exception:  # noqa: BLE001 - the engine reports an unreadable cache itself
@@ -243,7 +244,7 @@ def _check_lora(found: Detected, lora, model_name: str) -> None:
 
 
 def _block_widths(widths: dict) -> dict:
-    """The layers inside block lists (what a LoRA targets; engine/blocks.py finds them on the module tree):
+    """The layers inside block lists (what a LoRA targets; engine/memory/blocks.py finds them on the module tree):
     top-level lists with an entry of 2+ linear layers. All layers when no name looks like that."""
     per_entry: dict = {}
     for name in widths:
@@ -260,7 +261,7 @@ def check_batch(batch_size: int, cache) -> None:
     if batch_size <= int(cache.count):
         return
     try:
-        from ..engine.cache_format import CachedDataset
+        from ..engine.cache.reader import CachedDataset
 
         dataset = CachedDataset(cache.cache_dir)
         per_epoch = sum(dataset.repeats(i) for i in range(len(dataset)))

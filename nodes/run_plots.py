@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..engine.config import ConfigError
+from ..engine.config.checks import ConfigError
 from ..engine.events import EVENTS_FILE, history, read_events
-from ..engine.sampling import SAMPLES_DIR
+from ..engine.sample_files import SAMPLES_DIR
 from . import compat
 from .plot_draw import draw_loss_plot, grid_image
 from .runs import runs_root
@@ -161,7 +161,7 @@ class PipeTrainSampleGrid:
         import numpy as np
         import torch
 
-        from ..engine.sampling import read_samples
+        from ..engine.sample_files import read_samples
 
         latents, _ = read_samples(latent_file)
         with torch.inference_mode():

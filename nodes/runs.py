@@ -10,8 +10,7 @@ import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from ..engine.config import ConfigError
-from ..engine.config_checks import MAX_NAME_CHARS, check_run_name
+from ..engine.config.checks import MAX_NAME_CHARS, ConfigError, check_run_name
 
 RESUME_OFF = "off"
 RESUME_LATEST = "latest"

@@ -5,8 +5,7 @@ import hashlib
 import os
 from pathlib import Path, PurePosixPath
 
-from ..engine.config import ConfigError
-from ..engine.config_checks import portable_name_problem
+from ..engine.config.checks import ConfigError, portable_name_problem
 from ..engine.version import __version__
 from . import compat
 from .types import RUN

@@ -12,16 +12,28 @@ import os
 import time
 from pathlib import Path
 
-from ..engine import launcher
-from ..engine.config import BACKENDS, SCHEDULERS, TIMESTEP_SAMPLING, ConfigError, LaunchSpec, RunConfig, TrainSpec
-from ..engine.eval_spec import EvalSpec
+from ..engine.config.checks import ConfigError
+from ..engine.config.choices import BACKENDS, SCHEDULERS, TIMESTEP_SAMPLING
+from ..engine.config.eval import EvalSpec
+from ..engine.config.launch import LaunchSpec
+from ..engine.config.run import RunConfig
+from ..engine.config.sections import TrainSpec
 from ..engine.events import EventTail
-from ..engine.sampling import unsupported_reason
+from ..engine.launch import launcher
+from ..engine.sample_files import unsupported_reason
 from . import compat, ui_feed
 from .cluster import announce_other_nodes, cluster_input, launch_cluster
 from .preflight import check_batch, check_devices, check_model, check_sample_size
-from .runs import (RESUME_LATEST, RESUME_OFF, RunResult, check_resume, new_run_dir, resumable_runs, resume_run_dir,
-                   summary_text)
+from .runs import (
+    RESUME_LATEST,
+    RESUME_OFF,
+    RunResult,
+    check_resume,
+    new_run_dir,
+    resumable_runs,
+    resume_run_dir,
+    summary_text,
+)
 from .train_samples import SampleDecoder, parse_prompts, sample_spec, write_prompt_file
 from .types import CACHE, LORA, MEMORY, RUN
 

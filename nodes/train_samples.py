@@ -1,7 +1,7 @@
 """Sample prompts in, sample images out: TrainPipeline's side of samples during training.
 
 Before launch the prompts are encoded with the graph's CLIP into `samples/prompts.safetensors`
-(engine/sampling.py renders them). While the run trains, each `sample` event's latents are
+(engine/train/samples.py renders them). While the run trains, each `sample` event's latents are
 decoded with the graph's VAE into `samples/step<N>_p<i>.png` in the run folder, logged to
 TensorBoard, and handed to the UI (node preview and the sample strip).
 """
@@ -11,8 +11,9 @@ import logging
 import os
 from pathlib import Path
 
-from ..engine.config import ConfigError, SampleSpec
-from ..engine.sampling import PROMPTS_FILE, SAMPLES_DIR, read_samples, write_prompts
+from ..engine.config.checks import ConfigError
+from ..engine.config.sections import SampleSpec
+from ..engine.sample_files import PROMPTS_FILE, SAMPLES_DIR, read_samples, write_prompts
 from . import compat
 
 log = logging.getLogger("PipeTrain")

@@ -3,9 +3,9 @@
 Each value travels between nodes as a small frozen dataclass (paths + parameters), never a
 live model, so it survives the process boundary to the engine and a ComfyUI restart.
 """
-DATASET = "PIPETRAIN_DATASET"  # engine.dataset.DatasetSpec
-CACHE = "PIPETRAIN_CACHE"  # engine.cache_format.CacheSpec
+DATASET = "PIPETRAIN_DATASET"  # engine.data.scan.DatasetSpec
+CACHE = "PIPETRAIN_CACHE"  # engine.cache.format.CacheSpec
 LORA = "PIPETRAIN_LORA"
 MEMORY = "PIPETRAIN_MEMORY"
 RUN = "PIPETRAIN_RUN"
-CLUSTER = "PIPETRAIN_CLUSTER"  # engine.config.ClusterSpec
+CLUSTER = "PIPETRAIN_CLUSTER"  # engine.config.run.ClusterSpec

@@ -17,12 +17,12 @@ from engine_runs import (
     run_all_to_end,
     trainable_lora,
 )
-from PipeTrain.engine.config import ConfigError
+from PipeTrain.engine.config.checks import ConfigError
 
 
 def reference(model, prepared):
     """ComfyUI's prediction: apply_model with the transformer_options the engine passes."""
-    from PipeTrain.engine.objective import transformer_options
+    from PipeTrain.engine.train.objective import transformer_options
 
     return model.apply_model(prepared.xt, prepared.sigma, transformer_options=transformer_options(prepared.sigma),
                              **prepared.kwargs)
@@ -30,8 +30,8 @@ def reference(model, prepared):
 
 def run_layers(model, prepared, name: str | None = None, contiguous: bool = True):
     """The adapter's layers in sequence (what the stages compute), fed contiguous first-stage inputs as
-    engine/pipeline.py does. name: the adapter adapter_for must pick for this model; contiguous: every
-    tensor a layer hands on is contiguous (DeepSpeed sends it as is; engine/pipeline.py's _BoundarySafe
+    engine/train/pipeline.py does. name: the adapter adapter_for must pick for this model; contiguous: every
+    tensor a layer hands on is contiguous (DeepSpeed sends it as is; engine/train/pipeline.py's _BoundarySafe
     copies a strided one, which an adapter that hands on only contiguous tensors never needs)."""
     from PipeTrain.engine.models import adapter_for
 
@@ -56,10 +56,10 @@ def assert_layers_equal_reference(model, prepared, name: str | None = None, expe
 
 
 def with_lora(model) -> tuple:
-    """A rank-4 LoRA on every linear of the blocks (engine.lora.inject_lora, "all_linear"), its lora_B
+    """A rank-4 LoRA on every linear of the blocks (engine.train.lora.inject_lora, "all_linear"), its lora_B
     drawn at random (engine_runs.trainable_lora): (target names, {name: LoRA parameter})."""
-    from PipeTrain.engine.config import LoraSpec
-    from PipeTrain.engine.lora import inject_lora
+    from PipeTrain.engine.config.sections import LoraSpec
+    from PipeTrain.engine.train.lora import inject_lora
 
     targets = inject_lora(model.diffusion_model, LoraSpec(rank=4, targets="all_linear"))
     return targets, trainable_lora(model)
@@ -69,9 +69,9 @@ def lora_grads(model, prepared, lora: dict, name: str | None = None, expected=re
                contiguous: bool = True):
     """((loss, {name: gradient}) through `expected` (apply_model), the same through run_layers (with
     `name` and `contiguous`)). checkpointing: the engine's activation checkpointing ("on",
-    "cpu_offload") wrapped around every block between the two, as engine/memory.py does before the
+    "cpu_offload") wrapped around every block between the two, as engine/memory/options.py does before the
     stages exist; with CPU offload the blocks must really run checkpointed."""
-    from PipeTrain.engine.checkpointing import enable_checkpointing
+    from PipeTrain.engine.memory.activation_checkpointing import enable_checkpointing
 
     want = loss_and_lora_grads(model, prepared, lora, lambda: expected(model, prepared))
     offloader = None if checkpointing == "off" else enable_checkpointing(model.diffusion_model, checkpointing)

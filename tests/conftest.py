@@ -48,8 +48,8 @@ def comfy_root() -> str:
 
 @pytest.fixture(scope="session")
 def comfy(comfy_root):
-    """ComfyUI importable as `comfy` (engine.comfy_bootstrap.import_comfy); a test file may define its own."""
-    from engine.comfy_bootstrap import import_comfy
+    """ComfyUI importable as `comfy` (engine.launch.comfy_bootstrap.import_comfy); a test file may define its own."""
+    from engine.launch.comfy_bootstrap import import_comfy
 
     import_comfy(comfy_root)
 
@@ -61,7 +61,7 @@ def demo_base(comfy_root, tmp_path_factory) -> dict:
     The dict of tools.tiny_assets.write_demo_base: file names ("unet", "vae", "clip"), absolute
     "dataset" folder and "base_dir".
     """
-    from engine.comfy_bootstrap import import_comfy
+    from engine.launch.comfy_bootstrap import import_comfy
     from tools.tiny_assets import write_demo_base
 
     import_comfy(comfy_root)  # before tiny_assets needs comfy.*: the fixture's root is the one used

@@ -9,14 +9,16 @@ from pathlib import Path
 
 import torch
 
-from PipeTrain.engine import launcher
-from PipeTrain.engine.config import LaunchSpec, LoraSpec, MemorySpec, RunConfig, TrainSpec
+from PipeTrain.engine.launch import launcher
+from PipeTrain.engine.config.launch import LaunchSpec
+from PipeTrain.engine.config.run import RunConfig
+from PipeTrain.engine.config.sections import LoraSpec, MemorySpec, TrainSpec
 from PipeTrain.engine.events import EventTail
 
 
 def build_cache(comfy_root: str, demo_base: dict) -> str:
     """Encode the demo dataset with the tiny VAE + CLIP through the CacheLatents node, in-process."""
-    from PipeTrain.engine.comfy_bootstrap import import_comfy
+    from PipeTrain.engine.launch.comfy_bootstrap import import_comfy
 
     import_comfy(comfy_root)
     from PipeTrain.nodes.cache_latents import PipeTrainCacheLatents
@@ -188,7 +190,7 @@ def trainable_lora(model, seed: int = 5) -> dict:
 
 def loss_and_lora_grads(model, prepared, lora: dict, run) -> tuple:
     """(native loss of run()'s prediction, {name: gradient or None}) after one backward."""
-    from PipeTrain.engine.objective import native_loss
+    from PipeTrain.engine.train.objective import native_loss
 
     model.zero_grad(set_to_none=True)
     loss = native_loss(run(), prepared.x0, prepared.scale)

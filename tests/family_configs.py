@@ -1,5 +1,5 @@
 """Tiny random-init configs of every model family ComfyUI 0.3.75 has, and per-item conditioning
-in the form the latent cache holds it (engine/cache_format.py: ComfyUI's cond names, batch dim
+in the form the latent cache holds it (engine/cache/format.py: ComfyUI's cond names, batch dim
 removed), for tests/test_families_*.py.
 
 The configs are the smallest ones ComfyUI's classes accept (MODEL-NOTES.md, "Tiny recipe"), written
@@ -229,7 +229,7 @@ def build(family: Family, seed: int = 0):
 
 
 def batch(family: Family, seed: int = 1) -> tuple[torch.Tensor, list[dict[str, Any]]]:
-    """(latents [1, ...], conds) as engine.data.collate returns them from a cache."""
+    """(latents [1, ...], conds) as engine.train.sample_order.collate returns them from a cache."""
     g = torch.Generator().manual_seed(seed)
     latents = torch.randn((1, *family.latent), generator=g)
     cond = {"cross_attn": torch.randn((T, family.text_width), generator=g), "extras": family.extras(g)}

@@ -1,6 +1,6 @@
 """One harness for every family in tests/family_configs.py, on the engine's own code path:
-engine.patches.make_trainable, engine.lora.inject_lora (default target preset),
-engine.objective.DiffusionObjective, engine.blocks, and the engine's LoRA save; then the saved
+engine.patches.make_trainable, engine.train.lora.inject_lora (default target preset),
+engine.train.objective.DiffusionObjective, engine.memory.blocks, and the engine's LoRA save; then the saved
 file through ComfyUI's own LoRA loader (comfy.sd.load_lora_for_models).
 """
 from __future__ import annotations
@@ -39,7 +39,7 @@ MODE_KWARGS = {
 }
 
 
-# engine.blocks' block lists per model class: the transformer blocks only, never embedders or
+# engine.memory.blocks' block lists per model class: the transformer blocks only, never embedders or
 # projections kept in ModuleLists (Cosmos 1.0 t_embedder, HiDream caption_projection).
 _DOUBLE_SINGLE = ["double_blocks", "single_blocks"]
 BLOCK_ROOTS = {
@@ -60,7 +60,7 @@ class Result:
     losses: list
     targets: list
     n_blocks: int
-    roots: list  # engine.blocks.block_roots
+    roots: list  # engine.memory.blocks.block_roots
     kwargs_keys: set
     unloaded: list  # ComfyUI warnings about LoRA keys it did not load
     base_vs_lora: float  # max |output change| from loading the saved LoRA through ComfyUI
@@ -84,16 +84,16 @@ def run_family(family: fc.Family, tmp: Path) -> Result:
     import comfy.sd
     from safetensors.torch import load_file
 
-    from PipeTrain.engine.blocks import block_roots, blocks
-    from PipeTrain.engine.config import LoraSpec
-    from PipeTrain.engine.lora import inject_lora, lora_parameters, lora_state_dict, lora_tensors, save_lora
-    from PipeTrain.engine.objective import DiffusionObjective
+    from PipeTrain.engine.memory.blocks import block_roots, blocks
+    from PipeTrain.engine.config.sections import LoraSpec
+    from PipeTrain.engine.train.lora import inject_lora, lora_parameters, lora_state_dict, lora_tensors, save_lora
+    from PipeTrain.engine.train.objective import DiffusionObjective
 
     torch.manual_seed(0)
     model = fc.build(family)
     dm = model.diffusion_model
     latents, conds = fc.batch(family)
-    make_trainable(model, latents, conds, **family.train)  # as engine/train.py does after loading
+    make_trainable(model, latents, conds, **family.train)  # as engine/train/loop.py does after loading
     spec = LoraSpec(rank=4)  # default target preset
     targets = inject_lora(dm, spec)
     n_blocks = len(blocks(dm))
@@ -141,7 +141,7 @@ def run_family(family: fc.Family, tmp: Path) -> Result:
 
 
 def _denoised(model, prepared):
-    from PipeTrain.engine.objective import transformer_options
+    from PipeTrain.engine.train.objective import transformer_options
 
     return model.apply_model(prepared.xt, prepared.sigma, transformer_options=transformer_options(prepared.sigma),
                              **prepared.kwargs)
@@ -149,9 +149,9 @@ def _denoised(model, prepared):
 
 def _checkpointed_grad_error(model, objective, latents, conds) -> float:
     """Relative difference between LoRA gradients with per-block activation checkpointing
-    (engine/checkpointing.py over engine.blocks) and without, on the trained model."""
-    from PipeTrain.engine.checkpointing import enable_checkpointing
-    from PipeTrain.engine.lora import lora_parameters
+    (engine/memory/activation_checkpointing.py over engine.memory.blocks) and without, on the trained model."""
+    from PipeTrain.engine.memory.activation_checkpointing import enable_checkpointing
+    from PipeTrain.engine.train.lora import lora_parameters
 
     params = lora_parameters(model.diffusion_model)
 
@@ -168,7 +168,7 @@ def _checkpointed_grad_error(model, objective, latents, conds) -> float:
 
 
 def check(family: fc.Family, result: Result) -> None:
-    assert result.n_blocks > 0, "engine.blocks found no block list"
+    assert result.n_blocks > 0, "engine.memory.blocks found no block list"
     assert result.roots == BLOCK_ROOTS[family.supported], result.roots
     assert result.targets, "the default LoRA preset matched nothing"
     assert all(torch.isfinite(torch.tensor(result.losses))), result.losses

@@ -1,6 +1,6 @@
 """Helpers for the memory-option tests: the tiny Wan files, and the real engine loop run in-process.
 
-`train_in_process` calls engine.train.train with the DeepSpeed-free backend on the CPU: the same
+`train_in_process` calls engine.train.loop.train with the DeepSpeed-free backend on the CPU: the same
 code path as a launched rank (model loading, LoRA, memory options, loop, LoRA file), without the
 launcher's start-up cost, so several option sets can be compared within the time budget.
 """
@@ -13,7 +13,9 @@ from pathlib import Path
 import torch
 
 from engine_runs import final_lora
-from PipeTrain.engine.config import LaunchSpec, LoraSpec, MemorySpec, RunConfig, TrainSpec
+from PipeTrain.engine.config.launch import LaunchSpec
+from PipeTrain.engine.config.run import RunConfig
+from PipeTrain.engine.config.sections import LoraSpec, MemorySpec, TrainSpec
 from PipeTrain.engine.events import EventLog, EventTail
 
 
@@ -50,7 +52,7 @@ class InProcessRun:
 
 
 def train_in_process(cfg: RunConfig) -> InProcessRun:
-    from PipeTrain.engine.train import train
+    from PipeTrain.engine.train.loop import train
 
     handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
     try:

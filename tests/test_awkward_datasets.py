@@ -26,12 +26,14 @@ from PIL import Image
 from pack import load_pack
 
 load_pack()
-import PipeTrain.engine.cache_format as fmt  # noqa: E402
-import PipeTrain.engine.dataset as ds  # noqa: E402
-import PipeTrain.engine.image_io as image_io  # noqa: E402
+import PipeTrain.engine.cache.format as fmt  # noqa: E402
+from PipeTrain.engine.cache.reader import CachedDataset  # noqa: E402
+import PipeTrain.engine.data.scan as ds  # noqa: E402
+from PipeTrain.engine.data.images import IMAGE_EXTENSIONS, load_image  # noqa: E402
+import PipeTrain.engine.data.images as image_io  # noqa: E402
 import PipeTrain.nodes.cache_latents as cache_node  # noqa: E402
 import PipeTrain.nodes.load_dataset as load_node  # noqa: E402
-from PipeTrain.engine.comfy_bootstrap import import_comfy  # noqa: E402
+from PipeTrain.engine.launch.comfy_bootstrap import import_comfy  # noqa: E402
 
 RES = 64
 
@@ -163,7 +165,7 @@ def _mode_files(folder: Path) -> dict[str, tuple]:
                 "float255.tif": (0.2, 0.2, 0.2), "rgb16.png": (1, 0, 0), "rgba16.png": (0, 1, 0),
                 "ycbcr.tif": (0, 0.78, 0), "lab.tif": None, "anim.gif": (1, 0, 0), "anim.webp": (1, 0, 0),
                 "anim_apng.png": (1, 0, 0), "exif_rotated.jpg": (1, 1, 1)}
-    if ".avif" in ds.IMAGE_EXTENSIONS:
+    if ".avif" in IMAGE_EXTENSIONS:
         Image.new("RGB", s, (0, 0, 255)).save(folder / "photo.avif", quality=95)
         expected["photo.avif"] = (0, 0, 1)
     return expected
@@ -174,7 +176,7 @@ def test_every_image_mode_loads_and_caches(tmp_path, encoders, logs):
     spec = load(str(tmp_path))
     assert sorted(names(spec)) == sorted(expected)
     for name, rgb in expected.items():
-        arr = ds.load_image(str(tmp_path / name), RES)
+        arr = load_image(str(tmp_path / name), RES)
         assert arr.shape == (RES, RES, 3) and arr.dtype == np.float32 and 0 <= arr.min() and arr.max() <= 1, name
         if rgb is not None:
             np.testing.assert_allclose(arr[RES // 2, RES // 2], rgb, atol=0.06, err_msg=name)
@@ -200,7 +202,7 @@ def test_small_extreme_and_one_pixel_images_are_upscaled_and_reported(tmp_path, 
     # the center square is cut before resizing: a 100000x1 strip at 1024 px is one 1x1 crop, not 51 G pixels
     Image.new("RGB", (100_000, 1), (9, 99, 199)).save(tmp_path / "strip.png")
     t0 = time.monotonic()
-    arr = ds.load_image(str(tmp_path / "strip.png"), 1024)
+    arr = load_image(str(tmp_path / "strip.png"), 1024)
     assert arr.shape == (1024, 1024, 3) and time.monotonic() - t0 < 5
     np.testing.assert_allclose(arr[0, 0], np.array([9, 99, 199]) / 255, atol=0.01)
 
@@ -272,7 +274,7 @@ def test_broken_files_are_skipped_by_name(tmp_path, encoders, logs):
                    "loop.png is a broken link", "pipe.png is not a regular file"]:
         assert needle in reasons, needle
     out = cache(spec, encoders)
-    assert out.count == 1 and fmt.CachedDataset(out.cache_dir)[0]["source"] == os.path.basename(good)
+    assert out.count == 1 and CachedDataset(out.cache_dir)[0]["source"] == os.path.basename(good)
     assert "1 image(s) could not be used and are left out of the cache" in logs()
     assert "damaged_pixels.png is damaged or unsupported" in logs()
 
@@ -356,7 +358,7 @@ def test_caption_encodings_and_oddities(tmp_path, encoders, logs):
     assert "match their image only when ignoring upper/lower case" in warned and "Upper.png -> UPPER.TXT" in warned
     assert "1 image(s) have no caption file (.txt)" in warned and "none.png" in warned
     assert "/utf16.txt" not in warned and "/bom.txt" not in warned and "/utf8.txt" not in warned
-    stored = {it["source"]: it["caption"] for it in fmt.CachedDataset(cache(spec, encoders).cache_dir)}
+    stored = {it["source"]: it["caption"] for it in CachedDataset(cache(spec, encoders).cache_dir)}
     assert stored["latin1.png"] == "café crème" and stored["utf8.png"] == "café, 漢字 🙂"
 
 
@@ -385,7 +387,7 @@ def test_odd_names_and_shared_stems(tmp_path, encoders, logs):
     assert "1 hidden file(s) (names starting with '.') are skipped" in warned and ".hidden.png" in warned
     assert "._a.png" not in warned and "inside.png" not in warned
     out = cache(spec, encoders)
-    items = list(fmt.CachedDataset(out.cache_dir))
+    items = list(CachedDataset(out.cache_dir))
     sources = {it["source"] for it in items}
     assert out.count == len(got) and sources >= {"café.png", "漢字.png", "🙂.png", "-dash.png", "x" * 240 + ".png"}
     assert "latin1-\ufffd.png" in sources  # a name that is not UTF-8 is stored readable; the file itself was read

@@ -21,10 +21,11 @@ from PIL import EpsImagePlugin, Image, TiffImagePlugin
 from test_awkward_datasets import RES, cache, encoders, load, logs, names, solid_png  # noqa: F401
 
 load_pack()
-import PipeTrain.engine.cache_format as fmt  # noqa: E402
-import PipeTrain.engine.dataset as ds  # noqa: E402
+from PipeTrain.engine.cache.reader import CachedDataset  # noqa: E402
+import PipeTrain.engine.data.scan as ds  # noqa: E402
+from PipeTrain.engine.data.images import load_image  # noqa: E402
 import PipeTrain.nodes.load_dataset as load_node  # noqa: E402
-from PipeTrain.engine.video_io import VideoReadError, load_video, probe_video  # noqa: E402
+from PipeTrain.engine.data.video import VideoReadError, load_video, probe_video  # noqa: E402
 
 
 def left_black(size=(120, 60)) -> Image.Image:
@@ -70,7 +71,7 @@ def test_phone_mpo_photo_is_a_still_not_an_animation(tmp_path, logs):  # noqa: F
         assert im.format == "MPO" and im.is_animated  # what Pillow says about such photos
     assert names(load(str(tmp_path))) == ["phone.jpg"]
     assert "animated" not in logs()
-    np.testing.assert_allclose(ds.load_image(str(tmp_path / "phone.jpg"), RES)[5, 5], (1, 0, 0), atol=0.02)
+    np.testing.assert_allclose(load_image(str(tmp_path / "phone.jpg"), RES)[5, 5], (1, 0, 0), atol=0.02)
     # in a video dataset a still trains as a 1-frame clip; it used to be skipped as "animated"
     (spec,) = load_node.PipeTrainLoadDataset().load(folders=str(tmp_path), resolution=RES, repeats=1,
                                                     video_frames=1)
@@ -92,7 +93,7 @@ def test_tiff_orientation_gives_the_displayed_size_and_bucket(tmp_path):
         assert (item.width, item.height) == (60, 120), name  # as displayed, like the JPEG
         (size,) = spec.sizes_for(item.width, item.height)
         assert size[1] > size[0], (name, size)  # a portrait bucket for a portrait picture
-        pixels = ds.load_image(item.path, size)
+        pixels = load_image(item.path, size)
         assert pixels.shape == (size[1], size[0], 3)
         # orientation 6 turns the stored picture upright: its black left half becomes the top half
         assert pixels[: size[1] // 4].mean() < 0.1 and pixels[-size[1] // 4:].mean() > 0.9, name
@@ -125,7 +126,7 @@ def test_damaged_exif_loads_quietly_as_stored(tmp_path):
     info = ds.probe_image(str(tmp_path / "damaged_exif.jpg"))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        pixels = ds.load_image(str(tmp_path / "damaged_exif.jpg"), (info.width, info.height))
+        pixels = load_image(str(tmp_path / "damaged_exif.jpg"), (info.width, info.height))
     assert (info.width, info.height) == (120, 60)  # the orientation cannot be read: kept as stored, both ways
     assert pixels.shape == (60, 120, 3) and pixels[:, :50].mean() < 0.1
     assert not [str(w.message) for w in caught]  # Pillow's "Corrupt EXIF data" stays out of the console
@@ -245,7 +246,7 @@ def test_mask_black_over_the_trained_crop_is_left_out_by_name(tmp_path, encoders
     (spec,) = load_node.PipeTrainLoadDataset().load(folders=str(data), resolution=RES, repeats=1,
                                                     mask_folder=str(masks))
     out = cache(spec, encoders)
-    assert out.count == 1 and [it["source"] for it in fmt.CachedDataset(out.cache_dir)] == ["half.png"]
+    assert out.count == 1 and [it["source"] for it in CachedDataset(out.cache_dir)] == ["half.png"]
     warned = logs()
     assert "2 image(s) could not be used and are left out of the cache" in warned
     for stem in ("black", "edges"):

@@ -31,11 +31,12 @@ from test_awkward_datasets import (  # noqa: F401
 )
 
 load_pack()
-import PipeTrain.engine.cache_format as fmt  # noqa: E402
-import PipeTrain.engine.dataset as ds  # noqa: E402
+from PipeTrain.engine.cache.reader import CachedDataset  # noqa: E402
+import PipeTrain.engine.data.scan as ds  # noqa: E402
+from PipeTrain.engine.data.images import load_image  # noqa: E402
 import PipeTrain.nodes.load_dataset as load_node  # noqa: E402
-from PipeTrain.engine.image_io import MAX_CAPTION_CHARS  # noqa: E402
-from PipeTrain.engine.video_io import load_video, probe_video  # noqa: E402
+from PipeTrain.engine.data.captions import MAX_CAPTION_CHARS  # noqa: E402
+from PipeTrain.engine.data.video import load_video, probe_video  # noqa: E402
 
 
 def write_video(path, frames=6, size=(64, 32), rotation=None, codec="libx264"):
@@ -89,7 +90,7 @@ def test_odd_still_images_load_upright_and_cache(tmp_path, encoders, logs):  # n
     assert len(names(spec)) == 16
     sizes = {os.path.basename(i.path): (i.width, i.height) for i in ds.scan_dataset(spec).items}
     assert sizes["exif2.jpg"] == (120, 60) and sizes["exif6.jpg"] == (60, 120) and sizes["exif8.jpg"] == (60, 120)
-    np.testing.assert_allclose(ds.load_image(str(tmp_path / "pages.tif"), RES)[5, 5], (0, 1, 0), atol=0.02)
+    np.testing.assert_allclose(load_image(str(tmp_path / "pages.tif"), RES)[5, 5], (0, 1, 0), atol=0.02)
     warned = logs()
     assert "pages.tif" in warned and "only the first frame is trained" in warned
     assert "panorama.jpg (12000x200" in warned and "eight.png (8x8)" in warned
@@ -197,7 +198,7 @@ def test_video_oddities_are_skipped_by_name(tmp_path, monkeypatch, logs):  # noq
 
 
 def test_video_masks_end_to_end(tmp_path, video_vae, encoders, logs):  # noqa: F811
-    from PipeTrain.engine.objective import loss_mask
+    from PipeTrain.engine.train.objective import loss_mask
     from PipeTrain.nodes.cache_latents import PipeTrainCacheLatents
 
     data, masks = tmp_path / "data", tmp_path / "masks"
@@ -216,7 +217,7 @@ def test_video_masks_end_to_end(tmp_path, video_vae, encoders, logs):  # noqa: F
     warned = logs()
     assert "1 mask(s) are video files" in warned and "video_mask.mp4 (for " in warned
     (out,) = PipeTrainCacheLatents().cache(dataset=spec, vae=video_vae, clip=encoders[1], regenerate=False)
-    cached = {it["source"]: it for it in fmt.CachedDataset(out.cache_dir)}
+    cached = {it["source"]: it for it in CachedDataset(out.cache_dir)}
     latent, mask = cached["masked.mp4"]["latent"], cached["masked.mp4"]["loss_mask"]
     assert latent.shape == (16, 2, 8, 8) and mask.shape == (1, 1, 8, 8)  # broadcast over the 2 latent frames
     assert mask[0, 0, :4].min() == 1 and mask[0, 0, 4:].max() == 0

@@ -13,10 +13,14 @@ from PIL import Image
 from pack import load_pack
 
 load_pack()
-from PipeTrain.engine import buckets as bk  # noqa: E402
-from PipeTrain.engine.cache_format import CachedDataset, bucket_key, write_item  # noqa: E402
-from PipeTrain.engine.data import SampleStream, collate  # noqa: E402
-from PipeTrain.engine.dataset import DatasetError, DatasetSpec, FolderSpec, cache_entries, load_image, scan_dataset  # noqa: E402
+from PipeTrain.engine.data import buckets as bk  # noqa: E402
+from PipeTrain.engine.cache.legacy import bucket_key  # noqa: E402
+from PipeTrain.engine.cache.reader import CachedDataset  # noqa: E402
+from PipeTrain.engine.cache.writer import write_item  # noqa: E402
+from PipeTrain.engine.train.sample_order import SampleStream, collate  # noqa: E402
+from PipeTrain.engine.data.images import load_image
+from PipeTrain.engine.data.messages import DatasetError
+from PipeTrain.engine.data.scan import DatasetSpec, FolderSpec, cache_entries, scan_dataset  # noqa: E402
 
 # ---- sizes and parsing ----------------------------------------------------------------------
 
@@ -144,7 +148,7 @@ def _media(folder: Path) -> None:
 
 @pytest.fixture(scope="module")
 def bucketed_cache(comfy_root, tmp_path_factory):
-    from PipeTrain.engine.comfy_bootstrap import import_comfy
+    from PipeTrain.engine.launch.comfy_bootstrap import import_comfy
 
     import_comfy(comfy_root)
     from PipeTrain.nodes.cache_latents import PipeTrainCacheLatents

@@ -15,13 +15,16 @@ import torch
 from pack import load_pack  # tests/pack.py: the repo as the package ComfyUI makes of it
 
 load_pack()
-import PipeTrain.engine.cache_format as fmt_module  # noqa: E402
-import PipeTrain.engine.cache_store as store_module  # noqa: E402
-import PipeTrain.engine.dataset as data_module  # noqa: E402
+import PipeTrain.engine.cache.format as fmt_module  # noqa: E402
+import PipeTrain.engine.cache.legacy as legacy_module  # noqa: E402
+import PipeTrain.engine.cache.reader as reader_module  # noqa: E402
+from PipeTrain.engine.cache.writer import write_item  # noqa: E402
+import PipeTrain.engine.cache.shards as store_module  # noqa: E402
+import PipeTrain.engine.data.scan as data_module  # noqa: E402
 import PipeTrain.nodes.cache_latents as cache_module  # noqa: E402
 import PipeTrain.nodes.encoder_identity as ident_module  # noqa: E402
 import PipeTrain.nodes.load_dataset as load_module  # noqa: E402
-from PipeTrain.engine.comfy_bootstrap import import_comfy  # noqa: E402
+from PipeTrain.engine.launch.comfy_bootstrap import import_comfy  # noqa: E402
 
 
 
@@ -38,7 +41,7 @@ def comfy(comfy_root):
 @pytest.fixture(scope="module")
 def m():
     """The pack's modules, as ComfyUI would import them."""
-    return types.SimpleNamespace(cache=cache_module, load=load_module, fmt=fmt_module, data=data_module,
+    return types.SimpleNamespace(cache=cache_module, load=load_module, fmt=fmt_module, reader=reader_module, legacy=legacy_module, data=data_module,
                                  ident=ident_module)
 
 
@@ -101,7 +104,7 @@ def test_cache_written_and_read_back(m, encoders, dataset, comfy):
     assert (vae.vae_calls, clip.clip_calls) == (4, 3)  # 4 images, 3 distinct captions
     assert cs.count == 4 and cs.latent_shape == (4, 8, 8)
     assert m.fmt.CacheSpec.from_dict(cs.to_dict()) == cs
-    ds = m.fmt.CachedDataset(cs.cache_dir)
+    ds = m.reader.CachedDataset(cs.cache_dir)
     assert len(ds) == 4 and ds.fingerprint == cs.fingerprint and all(ds.repeats(i) == 2 for i in range(4))
 
     # the stored tensors are exactly what ComfyUI's encoders return (batch dim removed)
@@ -179,7 +182,7 @@ def test_only_changed_files_are_encoded_again(m, encoders, dataset, caplog):
         second = _run(m, spec, vae, clip)
     assert second.fingerprint != first.fingerprint and vae.vae_calls == 2
     assert "0 item(s) reused, 2 copied from the previous cache, 2 encoded" in caplog.text
-    old, new = m.fmt.CachedDataset(first.cache_dir), m.fmt.CachedDataset(second.cache_dir)
+    old, new = m.reader.CachedDataset(first.cache_dir), m.reader.CachedDataset(second.cache_dir)
     assert new[0]["caption"].endswith(" at night")
     pixels = torch.from_numpy(m.data.load_image(paths[1], 64)).unsqueeze(0)
     torch.testing.assert_close(new[1]["latent"], encoders[0].encode(pixels)[0])
@@ -212,11 +215,11 @@ def test_cancelled_run_resumes(m, encoders, dataset, comfy):
     # shard (not lost with the unfinished one), and they are a prefix.
     assert done in ([True, False, False, False], [True, True, False, False])
     with pytest.raises(m.fmt.CacheError, match="run CacheLatents again"):
-        m.fmt.CachedDataset(fp_dir)  # no manifest yet: incomplete
+        m.reader.CachedDataset(fp_dir)  # no manifest yet: incomplete
 
     vae, clip = Counting(encoders[0]), Counting(encoders[1])
     cs = _run(m, spec, vae, clip)
-    assert vae.vae_calls == 4 - sum(done) and cs.count == 4 and len(m.fmt.CachedDataset(cs.cache_dir)) == 4
+    assert vae.vae_calls == 4 - sum(done) and cs.count == 4 and len(m.reader.CachedDataset(cs.cache_dir)) == 4
 
 
 def test_fingerprint_follows_files_and_encoders(m, encoders, dataset):
@@ -260,24 +263,23 @@ def test_identity_ignores_loaded_lora_patching(m, encoders):
 
 
 def test_format_keeps_none_and_json_extras(m, tmp_path):
-    fmt = m.fmt
     cache_dir = tmp_path / ".pipetrain_cache" / "00000000000000aa"
     mask = torch.ones(1, 7, dtype=torch.int64)
-    skipped = fmt.write_item(cache_dir, 0, torch.randn(1, 4, 8, 8), torch.randn(1, 7, 16),
-                             {"pooled_output": None, "attention_mask": mask, "guidance": 3.5, "obj": object()},
-                             "a.png", "a caption", 3)
+    skipped = write_item(cache_dir, 0, torch.randn(1, 4, 8, 8), torch.randn(1, 7, 16),
+                         {"pooled_output": None, "attention_mask": mask, "guidance": 3.5, "obj": object()},
+                         "a.png", "a caption", 3)
     assert skipped == ["obj"]
-    assert fmt.item_summary(cache_dir, 0) == ((4, 8, 8), ["attention_mask", "cross_attn", "guidance", "pooled_output"])
+    assert m.legacy.item_summary(cache_dir, 0) == ((4, 8, 8), ["attention_mask", "cross_attn", "guidance", "pooled_output"])
     spec = m.data.DatasetSpec((m.data.FolderSpec(str(tmp_path)),), 64)
-    fmt.write_manifest(cache_dir, "00000000000000aa", spec, [{"file": "items/000000.safetensors", "source": "a.png",
-                                                              "repeats": 3}], (4, 8, 8), ["cross_attn"], {})
-    item = fmt.CachedDataset(cache_dir)[0]
+    m.legacy.write_manifest(cache_dir, "00000000000000aa", spec, [{"file": "items/000000.safetensors", "source": "a.png",
+                                                                   "repeats": 3}], (4, 8, 8), ["cross_attn"], {})
+    item = m.reader.CachedDataset(cache_dir)[0]
     assert item["extras"]["pooled_output"] is None and "pooled_output" in item["extras"]
     assert item["extras"]["guidance"] == 3.5 and item["extras"]["attention_mask"].shape == (7,)
     assert item["caption"] == "a caption" and item["cross_attn"].shape == (7, 16)
     assert not list(cache_dir.glob("items/.*tmp*"))  # no temp files left behind
-    with pytest.raises(fmt.CacheError, match="refusing to delete"):
-        fmt.remove_cache(tmp_path)
+    with pytest.raises(m.fmt.CacheError, match="refusing to delete"):
+        m.fmt.remove_cache(tmp_path)
 
 
 def test_load_dataset_node_relative_to_input_and_is_changed(m, comfy, tmp_path, monkeypatch):

@@ -21,8 +21,10 @@ import family_configs as fc
 import tiny_wan
 from engine_runs import final_lora, run_to_end
 from media_writers import write_video
-from PipeTrain.engine.cache_format import CachedDataset
-from PipeTrain.engine.config import LaunchSpec, LoraSpec, RunConfig, TrainSpec
+from PipeTrain.engine.cache.reader import CachedDataset
+from PipeTrain.engine.config.launch import LaunchSpec
+from PipeTrain.engine.config.run import RunConfig
+from PipeTrain.engine.config.sections import LoraSpec, TrainSpec
 
 PENULTIMATE = "clip_vision_output.penultimate_hidden_states"
 LAST = "clip_vision_output.last_hidden_state"
@@ -44,7 +46,7 @@ def tiny_clip_vision(folder: Path, seed: int = 0, **config_changes):
 
 @pytest.fixture(scope="module")
 def encoders(comfy_root, tmp_path_factory):
-    from PipeTrain.engine.comfy_bootstrap import import_comfy
+    from PipeTrain.engine.launch.comfy_bootstrap import import_comfy
 
     import_comfy(comfy_root)
     import comfy.sd
@@ -79,8 +81,8 @@ def _dataset(folder: Path):
 def _first_frames(folder: Path, ds: CachedDataset) -> dict[str, torch.Tensor]:
     """Each cached item's first frame [1, H, W, 3], read at its bucket size (8x its latent) as the cache
     writer read it."""
-    from PipeTrain.engine.image_io import load_image
-    from PipeTrain.engine.video_io import load_video
+    from PipeTrain.engine.data.images import load_image
+    from PipeTrain.engine.data.video import load_video
 
     out = {}
     for i in range(len(ds)):
@@ -103,7 +105,7 @@ def _wan_i2v(text_dim: int):
 
 
 def test_cached_clip_vision_equals_comfyui_encoding_and_feeds_wan_i2v(encoders, tmp_path):
-    from PipeTrain.engine.objective import DiffusionObjective, transformer_options
+    from PipeTrain.engine.train.objective import DiffusionObjective, transformer_options
     from PipeTrain.nodes.cache_latents import PipeTrainCacheLatents
 
     vae, clip, clip_vision = encoders
@@ -156,8 +158,8 @@ def test_cached_clip_vision_equals_comfyui_encoding_and_feeds_wan_i2v(encoders, 
 def test_siglip_encoding_reaches_hunyuan_video15_as_last_hidden_state(encoders, tmp_path):
     """HunyuanVideo 1.5 reads last_hidden_state of a SigLIP encoder (all hidden states, post-norm):
     the extras the cache writer stores give it exactly that as clip_fea."""
-    from PipeTrain.engine.cache_items import clip_vision_extras
-    from PipeTrain.engine.objective import DiffusionObjective
+    from PipeTrain.engine.cache.items import clip_vision_extras
+    from PipeTrain.engine.train.objective import DiffusionObjective
 
     encoder = tiny_clip_vision(tmp_path, model_type="siglip_vision_model", hidden_size=1152, image_mean=[0.5] * 3,
                                image_std=[0.5] * 3)
@@ -179,11 +181,12 @@ def _engine_files(root: Path, encoders) -> tuple[str, str]:
     """(tiny Wan 2.1 i2v file, a one-clip cache for it). The cache holds a real video latent and the
     cache writer's own first-frame and CLIP-vision extras, plus a random caption embedding at umT5's
     4096 width (the tiny Wan file needs it for ComfyUI's detection; no tiny ComfyUI text encoder has it)."""
-    from PipeTrain.engine.cache_format import write_item, write_manifest
-    from PipeTrain.engine.cache_items import clip_vision_extras
-    from PipeTrain.engine.dataset import DatasetSpec, FolderSpec
-    from PipeTrain.engine.first_frame import first_frame_extras
-    from PipeTrain.engine.video_io import load_video
+    from PipeTrain.engine.cache.legacy import write_manifest
+    from PipeTrain.engine.cache.writer import write_item
+    from PipeTrain.engine.cache.items import clip_vision_extras
+    from PipeTrain.engine.data.scan import DatasetSpec, FolderSpec
+    from PipeTrain.engine.cache.first_frame import first_frame_extras
+    from PipeTrain.engine.data.video import load_video
     from safetensors.torch import save_file
 
     vae, _, clip_vision = encoders
@@ -210,7 +213,7 @@ def _engine_files(root: Path, encoders) -> tuple[str, str]:
 @pytest.mark.slow
 def test_engine_trains_wan_i2v_on_cached_clip_vision(encoders, tmp_path, comfy_root):
     import comfy.sd
-    from PipeTrain.engine.objective import DiffusionObjective
+    from PipeTrain.engine.train.objective import DiffusionObjective
 
     model_path, cache = _engine_files(tmp_path, encoders)
     run_dir = tmp_path / "run"

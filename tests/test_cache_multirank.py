@@ -21,10 +21,11 @@ from pack import load_pack  # tests/pack.py: the repo as the package ComfyUI mak
 
 load_pack()
 from engine_runs import make_config, run_to_end  # noqa: E402
-from PipeTrain.engine.cache_config import MODEL_FOLDERS, CacheConfig, model_file  # noqa: E402
-import PipeTrain.engine.cache_store as store  # noqa: E402
-from PipeTrain.engine.cache_format import CACHE_FOLDER, MANIFEST, CachedDataset  # noqa: E402
-from PipeTrain.engine.config import ConfigError  # noqa: E402
+from PipeTrain.engine.config.cache import MODEL_FOLDERS, CacheConfig, model_file  # noqa: E402
+import PipeTrain.engine.cache.shards as store  # noqa: E402
+from PipeTrain.engine.cache.format import CACHE_FOLDER, MANIFEST  # noqa: E402
+from PipeTrain.engine.cache.reader import CachedDataset
+from PipeTrain.engine.config.checks import ConfigError  # noqa: E402
 from test_awkward_datasets import png_bytes  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -67,7 +68,7 @@ def clip_vision_file(comfy_root, tmp_path_factory) -> str:
     Load CLIP Vision runs) accepts. It picks a bundled config by the number of layers it finds, so no tiny
     file loads: this is its smallest layout, ViT-L/14 at 224 px (0.3 B parameters, 581 MiB in fp16)."""
     from family_configs import init_weights
-    from PipeTrain.engine.comfy_bootstrap import import_comfy
+    from PipeTrain.engine.launch.comfy_bootstrap import import_comfy
     from safetensors.torch import save_file
 
     import_comfy(comfy_root)
@@ -183,7 +184,7 @@ def test_two_ranks_cache_clip_vision_as_the_node_does(tmp_path, comfy_root, file
     """clip_vision in the cache config: every rank loads the file with ComfyUI's CLIP-vision loader and
     stores each item's encoding, the tensors the CacheLatents node stores with that model connected."""
     import comfy.clip_vision
-    from PipeTrain.engine.image_io import load_image
+    from PipeTrain.engine.data.images import load_image
     from tools.tiny_assets import write_tiny_dataset
 
     folder = tmp_path / "set"
@@ -261,8 +262,8 @@ def test_config_errors_name_the_setting_before_any_rank_starts(tmp_path, comfy_r
                                    str(tmp_path))
     assert listed.clip_vision == str(fake_root / "models" / "clip_vision" / "vision.safetensors")
     # a file that is no CLIP-vision model ComfyUI knows is refused by name when a rank loads it
-    from PipeTrain.engine.cache_run import load_clip_vision
-    from PipeTrain.engine.comfy_bootstrap import import_comfy
+    from PipeTrain.engine.cache.cli import load_clip_vision
+    from PipeTrain.engine.launch.comfy_bootstrap import import_comfy
 
     import_comfy(comfy_root)
     with pytest.raises(ConfigError, match="clip_vision: .* is not a CLIP-vision model ComfyUI can load"):

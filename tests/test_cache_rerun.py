@@ -16,16 +16,16 @@ from PIL import Image, ImageFile
 from pack import load_pack
 
 load_pack()
-import PipeTrain.engine.dataset as dataset_module  # noqa: E402
-import PipeTrain.engine.scan_memo as scan_memo  # noqa: E402
-from PipeTrain.engine.cache_format import MANIFEST  # noqa: E402
-from PipeTrain.engine.image_io import probe_image  # noqa: E402
-from PipeTrain.engine.png_chunks import png_has_exif  # noqa: E402
+import PipeTrain.engine.data.scan as dataset_module  # noqa: E402
+import PipeTrain.engine.data.scan_memo as scan_memo  # noqa: E402
+from PipeTrain.engine.cache.format import MANIFEST  # noqa: E402
+from PipeTrain.engine.data.images import probe_image  # noqa: E402
+from PipeTrain.engine.data.png_chunks import png_has_exif  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def encoders(comfy_root, tmp_path_factory):
-    from PipeTrain.engine.comfy_bootstrap import import_comfy
+    from PipeTrain.engine.launch.comfy_bootstrap import import_comfy
 
     import_comfy(comfy_root)
     from tools.tiny_assets import load_tiny_encoders, write_tiny_clip, write_tiny_vae
@@ -38,7 +38,7 @@ def encoders(comfy_root, tmp_path_factory):
 
 @pytest.fixture
 def probes(monkeypatch):
-    """Counts the scan's image probes (engine/dataset.py calls probe_image once per image and scan)."""
+    """Counts the scan's image probes (engine/data/scan.py calls probe_image once per image and scan)."""
     calls = []
 
     def counting(path):

@@ -1,4 +1,4 @@
-"""The sharded latent cache (format 2, engine/cache_store.py), written through the cache writer API
+"""The sharded latent cache (format 2, engine/cache/shards.py), written through the cache writer API
 with tiny tensors (no VAE): atomic shards, resume after a crash, lazy bounded-memory reads, and
 the metadata table round trip. Format 1 caches (one file per item) still load."""
 from __future__ import annotations
@@ -12,9 +12,12 @@ import torch
 from pack import load_pack  # tests/pack.py: the repo as the package ComfyUI makes of it
 
 load_pack()
-import PipeTrain.engine.cache_format as fmt  # noqa: E402
-import PipeTrain.engine.cache_store as store  # noqa: E402
-from PipeTrain.engine.dataset import DatasetSpec, FolderSpec  # noqa: E402
+import PipeTrain.engine.cache.format as fmt  # noqa: E402
+from PipeTrain.engine.cache.legacy import bucket_key, write_manifest  # noqa: E402
+from PipeTrain.engine.cache.reader import CachedDataset  # noqa: E402
+from PipeTrain.engine.cache.writer import write_item  # noqa: E402
+import PipeTrain.engine.cache.shards as store  # noqa: E402
+from PipeTrain.engine.data.scan import DatasetSpec, FolderSpec  # noqa: E402
 
 FP = "00000000000000ab"
 
@@ -31,7 +34,7 @@ def add(writer, index: int, tokens: int = 7, mask: bool = False) -> list[str]:
     """Item `index`: a latent filled with the index (so a wrong read shows), a cond of `tokens` tokens."""
     extras = {"pooled_output": None, "guidance": 3.5, "attention_mask": torch.ones(1, tokens, dtype=torch.int64),
               "unbatched_thing": torch.arange(3.0)}
-    return fmt.write_item(writer, index, torch.full((1, 4, 8, 8), float(index)), torch.randn(1, tokens, 16), extras,
+    return write_item(writer, index, torch.full((1, 4, 8, 8), float(index)), torch.randn(1, tokens, 16), extras,
                           f"img{index}.png", f"caption {index}", 1,
                           loss_mask=torch.full((1, 1, 8, 8), 0.5) if mask else None)
 
@@ -52,7 +55,7 @@ def test_metadata_round_trips(tmp_path):
     assert len(list((cache_dir(tmp_path) / "shards").glob("*.safetensors"))) == 2  # items {0, 1} and {2}
     assert finish(tmp_path) == (3, (4, 8, 8))
 
-    ds = fmt.CachedDataset(cache_dir(tmp_path))
+    ds = CachedDataset(cache_dir(tmp_path))
     assert len(ds) == 3 and ds.fingerprint == FP and [ds.repeats(i) for i in range(3)] == [1, 2, 3]
     buckets = ds.buckets()
     assert buckets[0] == buckets[1] != buckets[2]  # 9 caption tokens: another bucket; the loss mask is left out
@@ -104,7 +107,7 @@ def test_a_crash_mid_shard_leaves_a_cache_that_resumes_and_loads_right(tmp_path,
     assert [p.name for p in shards.iterdir() if p.name.startswith(".")] == []  # the temp file is gone
     assert sorted(store.scan_shards(cache_dir(tmp_path))) == [0, 1, 2, 3]  # only the complete shard counts
     with pytest.raises(fmt.CacheError, match="incomplete"):
-        fmt.CachedDataset(cache_dir(tmp_path))
+        CachedDataset(cache_dir(tmp_path))
     # what a hard kill leaves: a stray temp file, and a damaged file under a shard's name
     (shards / ".0000004-000000000000.safetensors.tmp999").write_bytes(b"\0" * 50)
     (shards / "0000008-000000000000.safetensors").write_bytes(b"\x10\0\0\0\0\0\0\0{")
@@ -116,7 +119,7 @@ def test_a_crash_mid_shard_leaves_a_cache_that_resumes_and_loads_right(tmp_path,
         add(resumed, i)
     resumed.flush()
     assert finish(tmp_path)[0] == 10
-    ds = fmt.CachedDataset(cache_dir(tmp_path))
+    ds = CachedDataset(cache_dir(tmp_path))
     assert [ds.table[i]["index"] for i in range(10)] == list(range(10))
     for i in range(10):
         assert torch.equal(ds[i]["latent"], torch.full((4, 8, 8), float(i))) and ds[i]["caption"] == f"caption {i}"
@@ -125,7 +128,7 @@ def test_a_crash_mid_shard_leaves_a_cache_that_resumes_and_loads_right(tmp_path,
 def test_2000_items_open_lazily_with_bounded_memory(tmp_path, monkeypatch):
     writer = store.ShardWriter(cache_dir(tmp_path))
     for i in range(2000):
-        fmt.write_item(writer, i, torch.full((1, 4, 8, 8), float(i)), torch.zeros(1, 7 + i % 2, 16), {},
+        write_item(writer, i, torch.full((1, 4, 8, 8), float(i)), torch.zeros(1, 7 + i % 2, 16), {},
                        f"img{i}.png", f"caption {i}", 1)
     writer.flush()
     assert finish(tmp_path)[0] == 2000
@@ -135,7 +138,7 @@ def test_2000_items_open_lazily_with_bounded_memory(tmp_path, monkeypatch):
     real_open = store.safe_open
     monkeypatch.setattr(store, "safe_open", lambda *a, **kw: opened.append(a[0]) or real_open(*a, **kw))
     rss = psutil.Process().memory_info().rss
-    ds = fmt.CachedDataset(cache_dir(tmp_path))
+    ds = CachedDataset(cache_dir(tmp_path))
     buckets = ds.buckets()
     repeats = [ds.repeats(i) for i in range(len(ds))]
     grown = (psutil.Process().memory_info().rss - rss) / 2**20
@@ -151,12 +154,12 @@ def test_format_1_caches_still_load(tmp_path):
     """A cache written before shards (one file per item, every item in manifest.json) trains as it is."""
     folder = cache_dir(tmp_path)
     for i in range(2):
-        fmt.write_item(folder, i, torch.full((1, 4, 8, 8), float(i)), torch.zeros(1, 7, 16), {"pooled_output": None},
+        write_item(folder, i, torch.full((1, 4, 8, 8), float(i)), torch.zeros(1, 7, 16), {"pooled_output": None},
                        f"img{i}.png", f"caption {i}", 1)
-    fmt.write_manifest(folder, FP, spec(tmp_path), [{"file": f"items/00000{i}.safetensors", "source": f"img{i}.png",
-                                                      "repeats": 2, "bucket": fmt.bucket_key(folder, i), "key": f"k{i}"}
+    write_manifest(folder, FP, spec(tmp_path), [{"file": f"items/00000{i}.safetensors", "source": f"img{i}.png",
+                                                      "repeats": 2, "bucket": bucket_key(folder, i), "key": f"k{i}"}
                                                      for i in range(2)], (4, 8, 8), ["cross_attn"], {})
-    ds = fmt.CachedDataset(folder)
+    ds = CachedDataset(folder)
     assert len(ds) == 2 and ds.repeats(1) == 2 and ds.buckets()[0] == ds.buckets()[1]
     assert torch.equal(ds[1]["latent"], torch.full((4, 8, 8), 1.0)) and ds[1]["extras"] == {"pooled_output": None}
     assert ds.previous()["k1"] == (str(folder / "items" / "000001.safetensors"), None)
@@ -164,4 +167,4 @@ def test_format_1_caches_still_load(tmp_path):
     manifest = json.loads((folder / fmt.MANIFEST).read_text())
     (folder / fmt.MANIFEST).write_text(json.dumps({**manifest, "version": 99}))
     with pytest.raises(fmt.CacheError, match="format version 99.*regenerate"):
-        fmt.CachedDataset(folder)
+        CachedDataset(folder)

@@ -1,5 +1,5 @@
 """Activation checkpointing keeps the RNG state only for blocks that draw random numbers
-(engine/checkpointing.py): with a LoRA dropout, recompute must replay the forward's dropout masks,
+(engine/memory/activation_checkpointing.py): with a LoRA dropout, recompute must replay the forward's dropout masks,
 so checkpointed gradients equal plain ones; without dropout nothing needs replaying."""
 from __future__ import annotations
 
@@ -7,21 +7,21 @@ import pytest
 import torch
 import tiny_flux
 from engine_runs import loss_and_lora_grads, trainable_lora
-from PipeTrain.engine.config import LoraSpec
+from PipeTrain.engine.config.sections import LoraSpec
 
 
 @pytest.fixture(scope="module")
 def comfy(comfy_root):
-    from PipeTrain.engine.comfy_bootstrap import import_comfy
+    from PipeTrain.engine.launch.comfy_bootstrap import import_comfy
 
     import_comfy(comfy_root)
 
 
 def _grads(dropout: float, checkpointing: bool, seed: int = 11):
-    from PipeTrain.engine.blocks import blocks
-    from PipeTrain.engine.checkpointing import draws_random_numbers, enable_checkpointing
-    from PipeTrain.engine.lora import inject_lora
-    from PipeTrain.engine.objective import DiffusionObjective, transformer_options
+    from PipeTrain.engine.memory.blocks import blocks
+    from PipeTrain.engine.memory.activation_checkpointing import draws_random_numbers, enable_checkpointing
+    from PipeTrain.engine.train.lora import inject_lora
+    from PipeTrain.engine.train.objective import DiffusionObjective, transformer_options
     from trainable import make_trainable
 
     torch.manual_seed(0)  # LoRA A's initial values

@@ -67,7 +67,7 @@ def test_example_workflow_trains_and_the_lora_changes_the_image(comfy_server, de
     assert '"world_size": 2' in events
 
     # ComfyUI's own loader applies every key of the file (it logs the keys it cannot place).
-    from engine.comfy_bootstrap import import_comfy
+    from engine.launch.comfy_bootstrap import import_comfy
     import_comfy(comfy_root)
     import comfy.lora
     import comfy.sd

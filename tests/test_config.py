@@ -3,7 +3,10 @@ import json
 
 import pytest
 
-from PipeTrain.engine.config import ConfigError, LaunchSpec, LoraSpec, MemorySpec, RunConfig, TrainSpec
+from PipeTrain.engine.config.checks import ConfigError
+from PipeTrain.engine.config.launch import LaunchSpec
+from PipeTrain.engine.config.run import RunConfig
+from PipeTrain.engine.config.sections import LoraSpec, MemorySpec, TrainSpec
 
 
 def _valid(tmp_path):

@@ -1,9 +1,9 @@
 """Which samples each rank sees: deterministic, resumable, and the same set for N ranks as for gas N."""
 import pytest
 
-from PipeTrain.engine.data import SampleStream, steps_for_epochs
+from PipeTrain.engine.train.sample_order import SampleStream, steps_for_epochs
 from PipeTrain.engine.events import EventLog, EventTail
-from PipeTrain.engine.optim import lr_multiplier
+from PipeTrain.engine.train.optim import lr_multiplier
 
 
 def test_every_item_once_per_epoch_with_repeats():

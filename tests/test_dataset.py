@@ -1,4 +1,4 @@
-"""Unit tests for engine/dataset.py with generated images (no torch, no ComfyUI)."""
+"""Unit tests for engine/data/scan.py with generated images (no torch, no ComfyUI)."""
 from __future__ import annotations
 
 import io
@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from engine.dataset import (IMAGE_EXTENSIONS, DatasetError, DatasetSpec, FolderSpec, files_signature, load_image,
-                            parse_folder_lines, scan_dataset, validate)
+from engine.data.images import IMAGE_EXTENSIONS, load_image
+from engine.data.messages import DatasetError
+from engine.data.scan import DatasetSpec, FolderSpec, files_signature, parse_folder_lines, scan_dataset, validate
 
 
 def _png(path, size=(40, 30), color=(200, 10, 10), mode="RGB"):

@@ -19,13 +19,16 @@ from pack import load_pack
 from PIL import Image
 
 load_pack()
-import PipeTrain.engine.cache_format as fmt
+import PipeTrain.engine.cache.format as fmt
+from PipeTrain.engine.cache.legacy import bucket_key, write_manifest
+from PipeTrain.engine.cache.reader import CachedDataset
+from PipeTrain.engine.cache.writer import write_item
 import PipeTrain.nodes.cache_latents as cache_node
 import PipeTrain.nodes.load_dataset as load_node
-from PipeTrain.engine.conditioning import extra_conds_params
-from PipeTrain.engine.data import SampleStream, collate
-from PipeTrain.engine.image_io import load_image
-from PipeTrain.engine.objective import DiffusionObjective
+from PipeTrain.engine.train.conditioning import extra_conds_params
+from PipeTrain.engine.train.sample_order import SampleStream, collate
+from PipeTrain.engine.data.images import load_image
+from PipeTrain.engine.train.objective import DiffusionObjective
 
 RES = 64
 
@@ -72,7 +75,7 @@ def load(data, controls, **kw):
 def cache(spec, encoders):
     (out,) = cache_node.PipeTrainCacheLatents().cache(dataset=spec, vae=encoders[0], clip=encoders[1],
                                                       regenerate=False)
-    return fmt.CachedDataset(out.cache_dir)
+    return CachedDataset(out.cache_dir)
 
 
 def test_cached_reference_is_the_vae_encoding_of_the_control_cropped_to_the_bucket(tmp_path, encoders, logs):
@@ -135,7 +138,7 @@ class _At:
 
 def test_a_tiny_flux_kontext_receives_the_cached_reference_latent(tmp_path, comfy_root):
     """Items written the way CacheLatents writes them (control_extras) reach Kontext's forward as ref_latents."""
-    from PipeTrain.engine.cache_items import control_extras
+    from PipeTrain.engine.cache.items import control_extras
 
     import family_configs as fc
 
@@ -151,13 +154,13 @@ def test_a_tiny_flux_kontext_receives_the_cached_reference_latent(tmp_path, comf
             return ref
 
     control = torch.zeros(1, RES, RES, 3)
-    fmt.write_item(tmp_path, 0, latent, cond, {**extras, **control_extras("reference_latents", Encoder(), control)},
+    write_item(tmp_path, 0, latent, cond, {**extras, **control_extras("reference_latents", Encoder(), control)},
                    "a.png", "", 1)
-    fmt.write_item(tmp_path, 1, latent, cond, extras, "b.png", "", 1)  # the same item without a control image
-    fmt.write_manifest(tmp_path, "0" * 16, load_node.DatasetSpec(folders=(), resolution=RES),
+    write_item(tmp_path, 1, latent, cond, extras, "b.png", "", 1)  # the same item without a control image
+    write_manifest(tmp_path, "0" * 16, load_node.DatasetSpec(folders=(), resolution=RES),
                        [{"file": f"items/00000{i}.safetensors", "source": "x", "repeats": 1, "size": [RES, RES],
-                         "bucket": fmt.bucket_key(tmp_path, i)} for i in range(2)], (16, 8, 8), [], {})
-    ds = fmt.CachedDataset(tmp_path)
+                         "bucket": bucket_key(tmp_path, i)} for i in range(2)], (16, 8, 8), [], {})
+    ds = CachedDataset(tmp_path)
 
     received = []
     forward = model.diffusion_model.forward
@@ -190,7 +193,7 @@ def test_concat_control_style_is_instruct_pix_to_pix_and_reaches_hidream_e1(tmp_
     (out,) = cache_node.PipeTrainCacheLatents().cache(dataset=spec, vae=encoders[0], clip=encoders[1],
                                                       regenerate=False, control_style="concat_latent_image")
     assert out.cache_dir != cache(spec, encoders).cache_dir  # the style is part of the cache key
-    item = fmt.CachedDataset(out.cache_dir)[0]
+    item = CachedDataset(out.cache_dir)[0]
     pixels = torch.from_numpy(load_image(str(controls / "a.jpg"), (RES, RES))).unsqueeze(0)
     cond = [[torch.zeros(1, 4, 8), {}]]
     positive, _, _ = InstructPixToPixConditioning.execute(positive=cond, negative=cond, pixels=pixels,

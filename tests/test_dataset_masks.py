@@ -18,12 +18,12 @@ from pack import load_pack
 from PIL import Image
 
 load_pack()
-import PipeTrain.engine.cache_format as fmt
+from PipeTrain.engine.cache.reader import CachedDataset
 import PipeTrain.nodes.cache_latents as cache_node
 import PipeTrain.nodes.load_dataset as load_node
-from PipeTrain.engine.data import SampleStream, collate
-from PipeTrain.engine.dataset_pairs import load_mask
-from PipeTrain.engine.objective import (
+from PipeTrain.engine.train.sample_order import SampleStream, collate
+from PipeTrain.engine.data.pairs import load_mask
+from PipeTrain.engine.train.objective import (
     DiffusionObjective,
     native_loss,
     transformer_options,
@@ -88,7 +88,7 @@ def load(data, masks, **kw):
 def cache(spec, encoders):
     (out,) = cache_node.PipeTrainCacheLatents().cache(dataset=spec, vae=encoders[0], clip=encoders[1],
                                                       regenerate=False)
-    return fmt.CachedDataset(out.cache_dir)
+    return CachedDataset(out.cache_dir)
 
 
 def test_mask_modes_become_grey_weights_at_latent_size(tmp_path):

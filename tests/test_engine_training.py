@@ -11,7 +11,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from PipeTrain.engine.config import MemorySpec
+from PipeTrain.engine.config.sections import MemorySpec
 from engine_runs import EngineRun, engine_processes, build_cache, make_config, run_all_to_end, run_to_end, with_train
 
 pytestmark = pytest.mark.slow

@@ -1,4 +1,4 @@
-"""The held-out eval set (engine/eval_set.py) with the real engine and real gloo ranks: its numbers
+"""The held-out eval set (engine/train/eval_set.py) with the real engine and real gloo ranks: its numbers
 repeat exactly, it never changes training, 2 ranks and a 2-stage pipeline report what 1 process
 reports, the eval loss falls as the LoRA learns the set, and bad settings are refused clearly."""
 from __future__ import annotations
@@ -11,9 +11,11 @@ import pytest
 import torch
 
 from engine_runs import assert_same_lora, build_cache, make_config, run_all_to_end
-from PipeTrain.engine.cache_format import CachedDataset
-from PipeTrain.engine.config import ConfigError, LoraSpec, MemorySpec, RunConfig, TrainSpec
-from PipeTrain.engine.eval_spec import EVAL_QUANTILES, EvalSpec
+from PipeTrain.engine.cache.reader import CachedDataset
+from PipeTrain.engine.config.checks import ConfigError
+from PipeTrain.engine.config.run import RunConfig
+from PipeTrain.engine.config.sections import LoraSpec, MemorySpec, TrainSpec
+from PipeTrain.engine.config.eval import EVAL_QUANTILES, EvalSpec
 
 pytestmark = pytest.mark.slow
 FP32 = MemorySpec(base_dtype="float32")  # on a GPU 'auto' is half precision: compare like with like
@@ -93,8 +95,8 @@ def test_two_ranks_report_what_one_process_reports(runs):
 def test_two_stage_pipeline_reports_what_one_process_reports(tmp_path, comfy_root):
     """pipeline_stages 2 (2 gloo ranks): the eval runs through DeepSpeed's eval_batch on the stages."""
     import tiny_wan
-    from PipeTrain.engine.comfy_bootstrap import import_comfy
-    from PipeTrain.engine.config import LaunchSpec
+    from PipeTrain.engine.launch.comfy_bootstrap import import_comfy
+    from PipeTrain.engine.config.launch import LaunchSpec
 
     import_comfy(comfy_root)
     model = str(tiny_wan.write_model(tmp_path / "tiny_wan.safetensors"))
@@ -118,8 +120,8 @@ def test_two_stage_pipeline_reports_what_one_process_reports(tmp_path, comfy_roo
 
 def test_quantiles_follow_the_runs_timestep_distribution():
     """The eval noise levels are quantiles of the draws training makes (range, logit-normal)."""
-    from PipeTrain.engine.eval_set import quantile_time
-    from PipeTrain.engine.objective import draw_time
+    from PipeTrain.engine.train.eval_set import quantile_time
+    from PipeTrain.engine.train.objective import draw_time
 
     for method, lo, hi in (("uniform", 0.0, 1.0), ("uniform", 0.875, 1.0), ("logit_normal", 0.0, 1.0),
                            ("logit_normal", 0.0, 0.875)):

@@ -47,7 +47,7 @@ def _outputs(server, entry: dict, run_name: str, base: str) -> dict[str, Path]:
 
 def _cached_shapes(dataset: str) -> dict[str, list[int]]:
     """Tensor shapes of the first item of the dataset's latent cache (CacheLatents' output: shard files
-    whose tensors are named "<item index>/<key>", engine/cache_store.py)."""
+    whose tensors are named "<item index>/<key>", engine/cache/shards.py)."""
     from safetensors import safe_open
 
     first = sorted(Path(dataset).glob(".pipetrain_cache/*/shards/*.safetensors"))[0]

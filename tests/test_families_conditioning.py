@@ -1,17 +1,18 @@
 """The objective's handling of mode-specific conditioning and of train.min_t/max_t, on real
-ComfyUI classes and a real cache file (engine/cache_format.py)."""
+ComfyUI classes and a real cache file (engine/cache/format.py)."""
 import pytest
 import torch
 
 import family_configs as fc
-from PipeTrain.engine.config import ConfigError, TrainSpec
+from PipeTrain.engine.config.checks import ConfigError
+from PipeTrain.engine.config.sections import TrainSpec
 
 pytestmark = pytest.mark.core
 
 
 @pytest.fixture(scope="module")
 def comfy(comfy_root):
-    from PipeTrain.engine.comfy_bootstrap import import_comfy
+    from PipeTrain.engine.launch.comfy_bootstrap import import_comfy
 
     import_comfy(comfy_root)
 
@@ -32,7 +33,7 @@ def test_bad_noise_range_names_the_setting(lo, hi):
 def test_noise_range_bounds_the_noise_level(comfy, name, lo, hi, sampling):
     """Flow models (Wan: shift 8, Flux: mu 1.15): sigma itself in [min_t, max_t]. A discrete eps model
     (SDXL): the schedule position, so sigma between the schedule's sigmas at those positions."""
-    from PipeTrain.engine.objective import DiffusionObjective
+    from PipeTrain.engine.train.objective import DiffusionObjective
 
     family = _family(name)
     model = fc.build(family)
@@ -57,7 +58,7 @@ def test_noise_range_bounds_the_noise_level(comfy, name, lo, hi, sampling):
 def test_first_frame_stays_clean_and_out_of_the_loss(comfy):
     """Wan 2.2 TI2V: the latent noise mask keeps frame 0 clean in xt, gives the model per-frame
     timesteps (0 on frame 0) and leaves frame 0 out of the loss."""
-    from PipeTrain.engine.objective import DiffusionObjective, native_loss
+    from PipeTrain.engine.train.objective import DiffusionObjective, native_loss
 
     family = _family("wan22_5b_ti2v")
     model = fc.build(family)
@@ -76,10 +77,12 @@ def test_first_frame_stays_clean_and_out_of_the_loss(comfy):
 def test_cached_edit_and_i2v_conds_round_trip_through_the_cache(comfy, tmp_path):
     """Lists (reference_latents) and objects (clip_vision_output) stored as flat tensor keys of a real
     cache file give the apply_model kwargs the in-memory ComfyUI values give."""
-    from PipeTrain.engine.cache_format import CachedDataset, write_item, write_manifest
-    from PipeTrain.engine.data import SampleStream, collate
-    from PipeTrain.engine.dataset import DatasetSpec, FolderSpec
-    from PipeTrain.engine.objective import DiffusionObjective
+    from PipeTrain.engine.cache.legacy import write_manifest
+    from PipeTrain.engine.cache.reader import CachedDataset
+    from PipeTrain.engine.cache.writer import write_item
+    from PipeTrain.engine.train.sample_order import SampleStream, collate
+    from PipeTrain.engine.data.scan import DatasetSpec, FolderSpec
+    from PipeTrain.engine.train.objective import DiffusionObjective
 
     for name, flat in [("flux_kontext", lambda e: {"reference_latents.0": e["reference_latents"][0]}),
                        ("qwen_image_edit", lambda e: {f"reference_latents.{i}": r
@@ -117,10 +120,12 @@ def test_cached_edit_and_i2v_conds_round_trip_through_the_cache(comfy, tmp_path)
 def test_extras_comfyui_keeps_unbatched_stay_unbatched(comfy, tmp_path):
     """A cond tensor without a batch dim of 1 (e.g. token ids [L], which newer ComfyUI models' extra_conds
     unsqueeze themselves) is stored as-is and reaches extra_conds as-is; the others get their batch dim back."""
-    from PipeTrain.engine.cache_format import CachedDataset, write_item, write_manifest
-    from PipeTrain.engine.conditioning import extra_conds_params
-    from PipeTrain.engine.data import SampleStream, collate
-    from PipeTrain.engine.dataset import DatasetSpec, FolderSpec
+    from PipeTrain.engine.cache.legacy import write_manifest
+    from PipeTrain.engine.cache.reader import CachedDataset
+    from PipeTrain.engine.cache.writer import write_item
+    from PipeTrain.engine.train.conditioning import extra_conds_params
+    from PipeTrain.engine.train.sample_order import SampleStream, collate
+    from PipeTrain.engine.data.scan import DatasetSpec, FolderSpec
 
     ids = torch.arange(6)
     write_item(tmp_path / "c", 0, torch.zeros(1, 16, 8, 8), torch.zeros(1, 6, 48),

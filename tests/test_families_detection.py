@@ -26,7 +26,7 @@ CASES = [  # (config, expected supported_models class, expected model_base class
 
 @pytest.fixture(scope="module")
 def comfy(comfy_root):
-    from PipeTrain.engine.comfy_bootstrap import import_comfy
+    from PipeTrain.engine.launch.comfy_bootstrap import import_comfy
 
     import_comfy(comfy_root)
 

@@ -12,7 +12,7 @@ pytestmark = pytest.mark.core
 
 @pytest.fixture(scope="module")
 def comfy(comfy_root):
-    from PipeTrain.engine.comfy_bootstrap import import_comfy
+    from PipeTrain.engine.launch.comfy_bootstrap import import_comfy
 
     import_comfy(comfy_root)
 
@@ -63,7 +63,7 @@ def test_out_of_place_block_passes_and_hooks_go_away():
 @pytest.mark.parametrize("name", ["flux", "ltxv", "hunyuan_video"])
 def test_comfyui_inplace_blocks_without_patch_are_caught(comfy, name):
     """ComfyUI's own in-place blocks with none of PipeTrain's forwards installed: the guard reports them."""
-    from PipeTrain.engine.objective import DiffusionObjective
+    from PipeTrain.engine.train.objective import DiffusionObjective
     from PipeTrain.engine.patches import fixes
     from PipeTrain.engine.patches.guard import InPlaceBlockError, guard_blocks
 

@@ -1,4 +1,4 @@
-"""Image-to-video first-frame conditioning in every style CacheLatents offers (engine/first_frame.py):
+"""Image-to-video first-frame conditioning in every style CacheLatents offers (engine/cache/first_frame.py):
 what the cache stores equals what ComfyUI's own image-to-video node gives the sampler for the same
 start frame, and it reaches the model of the family that reads it.
 
@@ -15,9 +15,9 @@ from pack import load_pack
 from test_video_dataset import encoders  # noqa: F401 - the fixture
 
 load_pack()
-from PipeTrain.engine.cache_format import CachedDataset  # noqa: E402
-from PipeTrain.engine.first_frame import STYLES, style_mismatch  # noqa: E402
-from PipeTrain.engine.video_io import load_video  # noqa: E402
+from PipeTrain.engine.cache.reader import CachedDataset  # noqa: E402
+from PipeTrain.engine.cache.first_frame import STYLES, style_mismatch  # noqa: E402
+from PipeTrain.engine.data.video import load_video  # noqa: E402
 
 SIZE, FRAMES = 64, 5  # 5 frames -> 2 latent frames of 8x8
 
@@ -116,7 +116,7 @@ def test_each_style_trains_the_family_that_reads_it(encoders, tmp_path, style, f
     """One training step from the cached item: the start frame stays clean in the noised input where a
     noise mask keeps it, the model takes what the style stores, and the loss backpropagates."""
     import comfy.supported_models
-    from PipeTrain.engine.objective import DiffusionObjective
+    from PipeTrain.engine.train.objective import DiffusionObjective
     from trainable import make_trainable
 
     assert style_mismatch(style, supported) is None
@@ -128,7 +128,7 @@ def test_each_style_trains_the_family_that_reads_it(encoders, tmp_path, style, f
                                    else {})}
     conds = [{"cross_attn": torch.randn(4, fam.text_width), "extras": extras}]
     latents = item["latent"].unsqueeze(0)
-    make_trainable(model, latents, conds)  # as engine/train.py does (HunyuanVideo's blocks add in place)
+    make_trainable(model, latents, conds)  # as engine/train/loop.py does (HunyuanVideo's blocks add in place)
     objective = DiffusionObjective(model, seed=0)
     prepared = objective.prepare(latents, conds, [0])
     if "denoise_mask" in item["extras"]:
@@ -150,9 +150,9 @@ def test_each_style_trains_the_family_that_reads_it(encoders, tmp_path, style, f
 
 def test_every_style_is_offered_keyed_and_the_model_table_names_real_classes(encoders):  # noqa: F811
     import comfy.supported_models
-    from PipeTrain.engine.cache_items import ItemOptions
-    from PipeTrain.engine.encoder_identity import cache_identity
-    from PipeTrain.engine.first_frame import MODEL_STYLES
+    from PipeTrain.engine.cache.items import ItemOptions
+    from PipeTrain.engine.cache.encoders import cache_identity
+    from PipeTrain.engine.cache.first_frame import MODEL_STYLES
     from PipeTrain.nodes.cache_latents import PipeTrainCacheLatents
 
     offered = PipeTrainCacheLatents.INPUT_TYPES()["optional"]["first_frame_style"][0]

@@ -1,4 +1,4 @@
-"""The engine's LoRA layer (engine/lora.py: peft's Linear computing in the activations' dtype) gives
+"""The engine's LoRA layer (engine/patches/peft.py: peft's Linear computing in the activations' dtype) gives
 peft's own output and gradients."""
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from torch import nn
 def _peft_pair(rank: int = 4, alpha: float = 8.0, bias: bool = True):
     """(peft's LoRA model, the same model with the engine's layer class), equal weights, B non-zero."""
     from peft import LoraConfig, inject_adapter_in_model
-    from PipeTrain.engine.lora import ADAPTER, _compute_in_activation_dtype
+    from PipeTrain.engine.patches.peft import ADAPTER, compute_in_activation_dtype
 
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(16, 24, bias=bias))
@@ -20,7 +20,7 @@ def _peft_pair(rank: int = 4, alpha: float = 8.0, bias: bool = True):
     with torch.no_grad():
         model[0].lora_B[ADAPTER].weight.normal_()  # peft starts B at zero: the LoRA would add nothing
     ours = copy.deepcopy(model)
-    _compute_in_activation_dtype(ours)
+    compute_in_activation_dtype(ours)
     assert type(ours[0]).__name__ == "ActivationDtypeLora" and type(model[0]).__name__ == "Linear"
     return model, ours
 
@@ -59,7 +59,7 @@ def test_bfloat16_activations_stay_bfloat16_with_float32_gradients():
 
 
 def test_disabled_adapter_gives_the_base_output():
-    from PipeTrain.engine.lora import ADAPTER
+    from PipeTrain.engine.patches.peft import ADAPTER
 
     _, ours = _peft_pair()
     x = torch.randn((4, 16))

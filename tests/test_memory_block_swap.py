@@ -15,14 +15,15 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import tiny_wan
-from PipeTrain.engine.config import ConfigError, LoraSpec, MemorySpec
+from PipeTrain.engine.config.checks import ConfigError
+from PipeTrain.engine.config.sections import LoraSpec, MemorySpec
 
 _HOST_OK = {"slice", "view", "clone", "detach", "alias", "copy_", "_unsafe_view", "lift_fresh", "empty"}
 
 
 @pytest.fixture(scope="module", autouse=True)
 def one_thread(comfy_root):
-    from PipeTrain.engine.comfy_bootstrap import import_comfy
+    from PipeTrain.engine.launch.comfy_bootstrap import import_comfy
 
     import_comfy(comfy_root)
     before = torch.get_num_threads()
@@ -32,8 +33,8 @@ def one_thread(comfy_root):
 
 
 def _model(spec: MemorySpec):
-    from PipeTrain.engine.lora import inject_lora
-    from PipeTrain.engine.memory import apply_memory_options
+    from PipeTrain.engine.train.lora import inject_lora
+    from PipeTrain.engine.memory.options import apply_memory_options
 
     model = tiny_wan.build_base_model(0)
     model.requires_grad_(False)
@@ -87,7 +88,7 @@ class _WeightUse(TorchDispatchMode):
 
 @pytest.mark.parametrize("checkpointing", ["off", "on", "cpu_offload"])
 def test_block_swap_uses_each_block_only_while_present_and_frees_it(checkpointing, monkeypatch):
-    from PipeTrain.engine import block_swap
+    from PipeTrain.engine.memory import block_swap
 
     live: list[weakref.ref] = []
     load = block_swap._Slot.load
@@ -191,7 +192,7 @@ def test_compiled_blocks_keep_attention_eager_and_give_the_same_gradients():
     the CPU takes ~45 s, the GPU benchmark runs inductor); attention is a graph break each time."""
     from torch._dynamo.utils import counters
 
-    from PipeTrain.engine.compile_blocks import compile_blocks
+    from PipeTrain.engine.memory.compile import compile_blocks
 
     ref_loss, ref = _step(_model(MemorySpec())[0])
     model, _ = _model(MemorySpec(activation_checkpointing="on"))

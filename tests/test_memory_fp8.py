@@ -12,8 +12,8 @@ from safetensors.torch import load_file, save_file
 import memory_runs
 from engine_runs import assert_same_lora
 import tiny_wan
-from PipeTrain.engine.config import MemorySpec
-from PipeTrain.engine.model_loading import FP8
+from PipeTrain.engine.config.sections import MemorySpec
+from PipeTrain.engine.models.loading import FP8
 
 
 def write_fp8_scaled(src: Path, dst: Path) -> Path:
@@ -34,7 +34,7 @@ def write_fp8_scaled(src: Path, dst: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def wan(comfy_root, tmp_path_factory):
-    from PipeTrain.engine.comfy_bootstrap import import_comfy
+    from PipeTrain.engine.launch.comfy_bootstrap import import_comfy
 
     import_comfy(comfy_root)
     root = tmp_path_factory.mktemp("fp8-wan")
@@ -84,8 +84,8 @@ def _outputs_with_comfy_lora(model_path: str, lora: dict[str, torch.Tensor]):
 
 @pytest.mark.parametrize("dtype", ["float8_e4m3fn", "float8_e5m2"])
 def test_fp8_base_keeps_norms_and_embeddings_high_and_trains(wan, tmp_path, comfy_root, dtype):
-    from PipeTrain.engine.config import RunConfig
-    from PipeTrain.engine.model_loading import load_base_model
+    from PipeTrain.engine.config.run import RunConfig
+    from PipeTrain.engine.models.loading import load_base_model
 
     run = _train(wan, tmp_path, comfy_root, "model", base_dtype=dtype)
     model = load_base_model(RunConfig.load(Path(run.cfg.run_dir) / "run.json"), torch.device("cpu"))

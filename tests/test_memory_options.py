@@ -8,13 +8,16 @@ import pytest
 
 import memory_runs
 import tiny_wan
-from PipeTrain.engine.config import OPTIMIZERS, ConfigError, MemorySpec, RunConfig
+from PipeTrain.engine.config.checks import ConfigError
+from PipeTrain.engine.config.choices import OPTIMIZERS
+from PipeTrain.engine.config.run import RunConfig
+from PipeTrain.engine.config.sections import MemorySpec
 from PipeTrain.nodes.memory_options import PipeTrainMemoryOptions
 
 
 @pytest.fixture(scope="module")
 def run_json(comfy_root, tmp_path_factory) -> dict:
-    from PipeTrain.engine.comfy_bootstrap import import_comfy
+    from PipeTrain.engine.launch.comfy_bootstrap import import_comfy
 
     import_comfy(comfy_root)
     root = tmp_path_factory.mktemp("memory-config")
@@ -62,10 +65,10 @@ def test_every_input_has_a_tooltip_and_new_ones_are_optional():
     for section in inputs.values():
         for name, (_, options) in section.items():
             assert len(options.get("tooltip", "")) > 40, name
-    from PipeTrain.engine import config
+    from PipeTrain.engine.config.choices import OPTIMIZER_NOTES
 
     tip = inputs["required"]["optimizer"][1]["tooltip"]
-    for name, note in getattr(config, "OPTIMIZER_NOTES", {}).items():  # the optimizer engineer's cost notes
+    for name, note in OPTIMIZER_NOTES.items():  # the optimizer engineer's cost notes
         assert name in OPTIMIZERS and note in tip
 
 
@@ -95,7 +98,7 @@ def test_example_workflows_memory_nodes_are_valid():
 
 
 def test_expandable_segments_reaches_the_ranks_environment(run_json, monkeypatch):
-    from PipeTrain.engine.launcher import launcher_env
+    from PipeTrain.engine.launch.launcher import launcher_env
 
     monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:512,expandable_segments:False")
     on = RunConfig.from_dict(_with_memory(run_json, expandable_segments=True))

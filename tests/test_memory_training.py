@@ -1,5 +1,5 @@
 """The engine's training loop with each memory option: it learns, and the LoRA equals the one trained
-without the option. In-process runs (engine.train.train, DeepSpeed-free backend) on the tiny Wan,
+without the option. In-process runs (engine.train.loop.train, DeepSpeed-free backend) on the tiny Wan,
 plus one real DeepSpeed launch (2 gloo ranks) with block swap + offloaded checkpointing."""
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from engine_runs import assert_same_lora, run_to_end
 
 @pytest.fixture(scope="module")
 def wan(comfy_root, tmp_path_factory):
-    from PipeTrain.engine.comfy_bootstrap import import_comfy
+    from PipeTrain.engine.launch.comfy_bootstrap import import_comfy
 
     import_comfy(comfy_root)
     root = tmp_path_factory.mktemp("memory-wan")

@@ -157,9 +157,9 @@ def test_a_shallow_model_trains_a_step_on_cpu(comfy, name):
     from family_configs import init_weights
     # the pack's engine (as every engine test imports it): engine/patches keeps which ComfyUI functions
     # it replaced, and a second copy of the package (imported as `engine`) would not know them
-    from PipeTrain.engine.config import LoraSpec
-    from PipeTrain.engine.lora import inject_lora, lora_parameters
-    from PipeTrain.engine.objective import DiffusionObjective
+    from PipeTrain.engine.config.sections import LoraSpec
+    from PipeTrain.engine.train.lora import inject_lora, lora_parameters
+    from PipeTrain.engine.train.objective import DiffusionObjective
     from trainable import make_trainable
 
     shape = ms.shallow(ms.SHAPES[name], 1)
@@ -172,7 +172,7 @@ def test_a_shallow_model_trains_a_step_on_cpu(comfy, name):
     cond["cross_attn"] = cond["cross_attn"][:8]  # a short caption: the layout matters here, not the length
     if "attention_mask" in cond["extras"]:
         cond["extras"]["attention_mask"] = cond["extras"]["attention_mask"][:8]
-    make_trainable(model, latents, [cond])  # as engine/train.py does after loading
+    make_trainable(model, latents, [cond])  # as engine/train/loop.py does after loading
     inject_lora(model.diffusion_model, LoraSpec(rank=4, targets="all_linear"))
     loss = DiffusionObjective(model, seed=0)(latents, [cond], [0])
     assert torch.isfinite(loss)

@@ -1,6 +1,6 @@
 """Several machines through DeepSpeed's launcher, simulated with two network namespaces.
 
-Host A (node 0, 10.77.0.1) and host B (node 1, 10.77.0.2) each run `python -m engine.launcher
+Host A (node 0, 10.77.0.1) and host B (node 1, 10.77.0.2) each run `python -m engine.launch.launcher
 run.json --node_rank N` (DeepSpeed's no-ssh per-node mode, as under SLURM), gloo over the veth
 link. pipeline_stages = 2 over 2 nodes x 2 processes: stage 0 on A, stage 1 on B, 2-way data
 parallel within each host. It must train exactly like one host with 4 processes; losing a host
@@ -22,9 +22,11 @@ import torch
 import tiny_wan
 from engine_runs import final_lora, run_to_end
 from simulated_hosts import SimulatedHosts
-from PipeTrain.engine.config import ClusterSpec, LaunchSpec, LoraSpec, MemorySpec, RunConfig, TrainSpec
+from PipeTrain.engine.config.launch import ClusterSpec, LaunchSpec
+from PipeTrain.engine.config.run import RunConfig
+from PipeTrain.engine.config.sections import LoraSpec, MemorySpec, TrainSpec
 from PipeTrain.engine.events import EventTail
-from PipeTrain.engine.launcher import PACK_ROOT
+from PipeTrain.engine.launch.launcher import PACK_ROOT
 
 TIMEOUT_S = 30  # cluster.timeout_s of these runs: how long a rank waits for a lost peer
 EXIT_SLACK_S = 30  # on top of it: the exception, process exit, the launchers' 1 s polls, a busy machine
@@ -33,7 +35,7 @@ STEPS = 8  # ~0.3 s each here: a host is cut after step 2, well before the end
 
 @pytest.fixture(scope="module")
 def wan_files(comfy_root, tmp_path_factory):
-    from PipeTrain.engine.comfy_bootstrap import import_comfy
+    from PipeTrain.engine.launch.comfy_bootstrap import import_comfy
 
     import_comfy(comfy_root)
     root = tmp_path_factory.mktemp("tiny-wan")
@@ -88,8 +90,8 @@ def _unvalidated(num_gpus: int = 2, stages: int = 2, **cluster) -> RunConfig:
 
 
 def test_cluster_settings_are_refused_with_the_setting_and_the_fix(tmp_path):
-    from PipeTrain.engine import cluster
-    from PipeTrain.engine.config import ConfigError
+    from PipeTrain.engine.launch import cluster
+    from PipeTrain.engine.config.checks import ConfigError
 
     def refused(match: str, **kw) -> None:
         num_gpus, stages = kw.pop("num_gpus", 2), kw.pop("stages", 2)
@@ -122,8 +124,8 @@ def test_deepspeed_runner_reads_the_generated_flags_as_one_launcher_per_node(tmp
     """DeepSpeed's own parser and resource logic, fed with what the launcher passes on node 1."""
     from deepspeed.launcher import runner
 
-    from PipeTrain.engine import cluster
-    from PipeTrain.engine.launcher import launcher_command
+    from PipeTrain.engine.launch import cluster
+    from PipeTrain.engine.launch.launcher import launcher_command
 
     hostfile = tmp_path / "hostfile"
     hostfile.write_text("hostA slots=4\nhostB slots=4\nhostC slots=4\n")
@@ -157,11 +159,11 @@ def test_deepspeed_runner_reads_the_generated_flags_as_one_launcher_per_node(tmp
     assert dict(runner.fetch_hostfile(path)) == {"node0": 2, "node1": 2}
     # What node 0 (the TrainPipeline node's machine) tells the user to start on the others.
     (line,) = cluster.other_node_commands("/runs/r/run.json", node)
-    assert line.endswith("python -m engine.launcher /runs/r/run.json --node_rank 1") and line.startswith("node 1:")
+    assert line.endswith("python -m engine.launch.launcher /runs/r/run.json --node_rank 1") and line.startswith("node 1:")
 
 
 def test_nodes_that_differ_are_named_with_both_values():
-    from PipeTrain.engine.cluster_checks import disagreement
+    from PipeTrain.engine.train.node_checks import disagreement
 
     def facts(rank, node, host, **change):
         f = {"rank": rank, "node": node, "host": host, "checkpoint": "",
@@ -187,8 +189,8 @@ def test_nodes_that_differ_are_named_with_both_values():
 
 
 def test_cluster_node_builds_the_spec_and_train_pipeline_takes_it(comfy_root):
-    from PipeTrain.engine.comfy_bootstrap import import_comfy
-    from PipeTrain.engine.config import ConfigError
+    from PipeTrain.engine.launch.comfy_bootstrap import import_comfy
+    from PipeTrain.engine.config.checks import ConfigError
 
     import_comfy(comfy_root)
     from PipeTrain.nodes import NODE_CLASS_MAPPINGS
@@ -218,7 +220,7 @@ def test_run_json_without_a_cluster_section_still_loads(tmp_path, comfy_root, wa
 # ---- slow: two simulated hosts ----------------------------------------------------------------------
 
 class NodeLaunches:
-    """`python -m engine.launcher run.json --node_rank N` on each simulated host."""
+    """`python -m engine.launch.launcher run.json --node_rank N` on each simulated host."""
 
     def __init__(self, hosts: SimulatedHosts, config_paths: list[str]):
         self.hosts = hosts
@@ -226,7 +228,7 @@ class NodeLaunches:
         self.tail = EventTail(self.run_dir, start_at_end=True)
         self.events: list[dict] = []
         self.outputs = [self.run_dir.parent / f"launcher-node{n}.{time.time_ns()}.out" for n in (0, 1)]
-        self.procs = [hosts.popen(n, [sys.executable, "-m", "engine.launcher", path, "--node_rank", str(n)],
+        self.procs = [hosts.popen(n, [sys.executable, "-m", "engine.launch.launcher", path, "--node_rank", str(n)],
                                   cwd=str(PACK_ROOT), stdout=open(out, "wb"), stderr=subprocess.STDOUT)
                       for n, (path, out) in enumerate(zip(config_paths, self.outputs))]
 
@@ -374,7 +376,7 @@ def test_unreachable_or_wrong_master_is_a_clear_error(tmp_path, comfy_root, wan_
         cfg = dataclasses.replace(cfg, memory=MemorySpec(pipeline_stages=1))
         cfg.save(Path(cfg.run_dir) / "run.json")
         out = tmp_path / f"out{port}"
-        proc = hosts.popen(host, [sys.executable, "-m", "engine.launcher", str(Path(cfg.run_dir) / "run.json"),
+        proc = hosts.popen(host, [sys.executable, "-m", "engine.launch.launcher", str(Path(cfg.run_dir) / "run.json"),
                                   "--node_rank", str(node_rank)], cwd=str(PACK_ROOT), stdout=open(out, "wb"),
                            stderr=subprocess.STDOUT)
         return proc.wait(timeout=180), out.read_text(errors="replace")

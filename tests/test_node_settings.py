@@ -9,9 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from PipeTrain.engine.cache_format import CacheSpec
-from PipeTrain.engine.config import ConfigError, LaunchSpec, LoraSpec, SampleSpec
-from PipeTrain.engine.config_checks import check_run_name
+from PipeTrain.engine.cache.format import CacheSpec
+from PipeTrain.engine.config.checks import ConfigError
+from PipeTrain.engine.config.launch import LaunchSpec
+from PipeTrain.engine.config.sections import LoraSpec, SampleSpec
+from PipeTrain.engine.config.checks import check_run_name
 from PipeTrain.nodes import preflight
 from PipeTrain.nodes.runs import check_resume, new_run_dir
 from PipeTrain.nodes.save_lora import safe_lora_target
@@ -177,7 +179,7 @@ def test_a_cache_from_another_text_encoder_is_named_before_launch(files, tmp_pat
 
 
 def test_a_start_image_the_model_cannot_read_is_refused(files, tmp_path):
-    """A video cache with first-frame conditioning in one image-to-video style (engine/first_frame.py)
+    """A video cache with first-frame conditioning in one image-to-video style (engine/cache/first_frame.py)
     trains only models of the families that read that style; a text-to-video model reads none."""
     def cache(style: str) -> CacheSpec:
         folder = tmp_path / style
@@ -223,7 +225,7 @@ def test_the_node_refuses_a_vae_picked_as_the_model_before_any_run_folder(comfy_
 
 
 def test_warmup_longer_than_the_run_is_refused():
-    from PipeTrain.engine.config import TrainSpec
+    from PipeTrain.engine.config.sections import TrainSpec
 
     with pytest.raises(ConfigError, match="warmup_steps 1000 is more than steps 100"):
         TrainSpec(steps=100, warmup_steps=1000).validate()
@@ -249,7 +251,7 @@ def test_continuing_a_lora_of_another_rank_is_refused_at_configure(tmp_path, mon
 
 
 def test_a_pipeline_split_without_stages_says_so_first():
-    from PipeTrain.engine.config import MemorySpec
+    from PipeTrain.engine.config.sections import MemorySpec
 
     with pytest.raises(ConfigError, match="pipeline_split is 'a' but pipeline_stages is 1"):
         MemorySpec(pipeline_split="a").validate()

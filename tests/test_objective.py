@@ -3,13 +3,13 @@ import pytest
 import torch
 
 import tiny_wan
-from PipeTrain.engine.config import ConfigError
-from PipeTrain.engine.objective import apply_timestep_shift, draw_time, sample_generator
+from PipeTrain.engine.config.checks import ConfigError
+from PipeTrain.engine.train.objective import apply_timestep_shift, draw_time, sample_generator
 
 
 @pytest.fixture(scope="module")
 def comfy(comfy_root):
-    from PipeTrain.engine.comfy_bootstrap import import_comfy
+    from PipeTrain.engine.launch.comfy_bootstrap import import_comfy
 
     import_comfy(comfy_root)
 

@@ -13,7 +13,10 @@ import pytest
 import torch
 
 from engine_runs import build_cache, final_lora, make_config, run_to_end
-from PipeTrain.engine.config import OPTIMIZERS, LaunchSpec, LoraSpec, MemorySpec, RunConfig
+from PipeTrain.engine.config.choices import OPTIMIZERS
+from PipeTrain.engine.config.launch import LaunchSpec
+from PipeTrain.engine.config.run import RunConfig
+from PipeTrain.engine.config.sections import LoraSpec, MemorySpec
 from PipeTrain.engine.events import EVENTS_FILE, EventLog
 
 pytestmark = pytest.mark.slow
@@ -36,8 +39,8 @@ def _config(tmp_path, comfy_root, demo_base, cache_dir, optimizer: str, name: st
 
 
 def _train_in_process(cfg: RunConfig) -> list[float]:
-    """engine.train.train in this process, the plain backend: the same code a rank runs after setup."""
-    from PipeTrain.engine.train import train
+    """engine.train.loop.train in this process, the plain backend: the same code a rank runs after setup."""
+    from PipeTrain.engine.train.loop import train
 
     cfg = dataclasses.replace(cfg, launch=LaunchSpec(num_gpus=1, backend="plain"))
     handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}

@@ -10,12 +10,15 @@ import sys
 import pytest
 import torch
 
-from PipeTrain.engine.config import (OPTIMIZER_LR_RANGES, OPTIMIZER_NOTES, OPTIMIZERS, ConfigError, MemorySpec,
-                                     TrainSpec, check_optimizer_settings)
-from PipeTrain.engine.optim import build_optimizer, build_scheduler
-from PipeTrain.engine.optimizers import OPTIMIZERS as REGISTRY
-from PipeTrain.engine.optimizers.adamw8bit_kahan import AdamW8bitKahan
-from PipeTrain.engine.optimizers.blockwise8bit import codebook
+from PipeTrain.engine.config.checks import ConfigError
+from PipeTrain.engine.config.choices import OPTIMIZER_LR_RANGES, OPTIMIZER_NOTES, OPTIMIZERS
+from PipeTrain.engine.config.rules import check_optimizer_settings
+from PipeTrain.engine.config.sections import MemorySpec, TrainSpec
+from PipeTrain.engine.train.optim import build_scheduler
+from PipeTrain.engine.train.optimizers import build_optimizer
+from PipeTrain.engine.train.optimizers import OPTIMIZERS as REGISTRY
+from PipeTrain.engine.train.optimizers.adamw8bit_kahan import AdamW8bitKahan
+from PipeTrain.engine.train.optimizers.blockwise8bit import codebook
 
 LR = {"prodigy": 1.0, "adafactor": 1e-2}
 

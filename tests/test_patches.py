@@ -30,7 +30,7 @@ IN_PLACE = ["flux", "chroma", "flux2", "hunyuan_video", "hunyuan_video_guiding",
 
 @pytest.fixture(scope="module", autouse=True)
 def comfy(comfy_root):
-    from PipeTrain.engine.comfy_bootstrap import import_comfy
+    from PipeTrain.engine.launch.comfy_bootstrap import import_comfy
 
     import_comfy(comfy_root)
 
@@ -51,7 +51,7 @@ def family(name: str) -> fc.Family:
 
 
 def _forward(model, fam):
-    from PipeTrain.engine.objective import DiffusionObjective
+    from PipeTrain.engine.train.objective import DiffusionObjective
 
     latents, conds = fc.batch(fam)
     objective = DiffusionObjective(model, seed=0, **fam.train)
@@ -59,7 +59,7 @@ def _forward(model, fam):
 
 
 def _denoised(model, fam):
-    from PipeTrain.engine.objective import DiffusionObjective, transformer_options
+    from PipeTrain.engine.train.objective import DiffusionObjective, transformer_options
 
     latents, conds = fc.batch(fam)
     prepared = DiffusionObjective(model, seed=0, **fam.train).prepare(latents, conds, [0])
@@ -84,7 +84,7 @@ def test_in_place_family_gets_a_fix_for_this_version_with_upstreams_output(name)
 
 @pytest.mark.parametrize("name", ["flux", "hunyuan_video_guiding", "ltxv", "wan21_t2v"])
 def test_checkpointed_lora_gradients_equal_plain_ones(name):
-    """peft LoRA on every linear, the engine's own checkpoint wrapper (engine/checkpointing.py)."""
+    """peft LoRA on every linear, the engine's own checkpoint wrapper (engine/memory/activation_checkpointing.py)."""
     fam = family(name)
     grads = {}
     for mode in ("off", "on"):
@@ -233,7 +233,7 @@ def test_verdicts_are_cached_per_class_and_version(tmp_path, monkeypatch):
 
 
 def test_wrapped_blocks_are_refused():
-    from PipeTrain.engine.checkpointing import enable_checkpointing
+    from PipeTrain.engine.memory.activation_checkpointing import enable_checkpointing
 
     net = _Net(_Fine)
     enable_checkpointing(net, "on")

@@ -11,12 +11,14 @@ import torch
 
 import tiny_wan
 from engine_runs import assert_same_lora, run_all_to_end, run_to_end, stage_layers_forward
-from PipeTrain.engine.config import LaunchSpec, LoraSpec, MemorySpec, RunConfig, TrainSpec
+from PipeTrain.engine.config.launch import LaunchSpec
+from PipeTrain.engine.config.run import RunConfig
+from PipeTrain.engine.config.sections import LoraSpec, MemorySpec, TrainSpec
 
 
 @pytest.fixture(scope="module")
 def wan_files(comfy_root, tmp_path_factory):
-    from PipeTrain.engine.comfy_bootstrap import import_comfy
+    from PipeTrain.engine.launch.comfy_bootstrap import import_comfy
 
     import_comfy(comfy_root)
     root = tmp_path_factory.mktemp("tiny-wan")
@@ -28,9 +30,9 @@ def test_stage_layers_equal_comfyui_forward(wan_files):
     """Running the adapter's layers one after another gives apply_model's output bit for bit."""
     import comfy.sd
 
-    from PipeTrain.engine.cache_format import CachedDataset
-    from PipeTrain.engine.data import SampleStream, collate
-    from PipeTrain.engine.objective import DiffusionObjective
+    from PipeTrain.engine.cache.reader import CachedDataset
+    from PipeTrain.engine.train.sample_order import SampleStream, collate
+    from PipeTrain.engine.train.objective import DiffusionObjective
 
     model = comfy.sd.load_diffusion_model(wan_files[0]).model
     dataset = CachedDataset(wan_files[1])

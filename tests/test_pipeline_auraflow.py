@@ -13,7 +13,7 @@ import torch
 from trainable import ensure_trainable
 from adapter_checks import (assert_layers_equal_reference, assert_only_adapter, assert_same_lora_grads,
                             assert_text_only_inputs, lora_grads, with_lora)
-from PipeTrain.engine.config import ConfigError
+from PipeTrain.engine.config.checks import ConfigError
 
 _AURA = next(f for f in fc.FAMILIES if f.name == "auraflow")
 
@@ -27,8 +27,8 @@ def _model(**changes):
 
 
 def _prepare(model, batch: int = 2, latent=(4, 8, 8)):
-    """apply_model's inputs for cached items as engine.data.collate returns them."""
-    from PipeTrain.engine.objective import DiffusionObjective
+    """apply_model's inputs for cached items as engine.train.sample_order.collate returns them."""
+    from PipeTrain.engine.train.objective import DiffusionObjective
 
     gen = torch.Generator().manual_seed(1)
     latents = torch.randn((batch, *latent), generator=gen)

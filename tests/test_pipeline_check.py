@@ -1,17 +1,17 @@
 """The start-of-run check of an adapter's stage layers against ComfyUI's apply_model
-(engine/pipeline_check.py): a real adapter passes on this ComfyUI, a stage layer that computes
+(engine/models/stage_check.py): a real adapter passes on this ComfyUI, a stage layer that computes
 something else is refused before any training (naming the adapter, the ComfyUI version and the fix),
 and rounding-level differences are not refused.
 
 In one process on tiny models of ComfyUI's own classes (tests/family_configs.py); the check itself
-is what engine/pipeline.py build_engine runs on global rank 0 of a pipelined run.
+is what engine/train/pipeline.py build_engine runs on global rank 0 of a pipelined run.
 """
 from __future__ import annotations
 
 import family_configs as fc
 import pytest
 import torch
-from PipeTrain.engine.config import ConfigError
+from PipeTrain.engine.config.checks import ConfigError
 from trainable import make_trainable
 
 _FAMILY = {f.name: f for f in fc.FAMILIES}
@@ -21,7 +21,7 @@ def _setup(family: str):
     """(model made trainable, adapter, its stage layers, objective, a one-item 'dataset' in the cache's
     item format)."""
     from PipeTrain.engine.models import adapter_for
-    from PipeTrain.engine.objective import DiffusionObjective
+    from PipeTrain.engine.train.objective import DiffusionObjective
 
     fam = _FAMILY[family]
     model = fc.build(fam)
@@ -33,7 +33,7 @@ def _setup(family: str):
 
 
 def _check(model, adapter, layers, objective, dataset):
-    from PipeTrain.engine.pipeline_check import check_stage_layers
+    from PipeTrain.engine.models.stage_check import check_stage_layers
 
     check_stage_layers(adapter, model, layers, objective, dataset, torch.device("cpu"))
 
@@ -58,7 +58,7 @@ def test_real_adapters_pass(comfy, family, capsys):
 
 @pytest.mark.parametrize("family", ["flux", "wan21_t2v"])
 def test_a_wrong_stage_layer_is_refused(comfy, family):
-    from PipeTrain.engine.patches import comfy_version
+    from PipeTrain.engine.patches.host import comfy_version
 
     model, adapter, layers, objective, dataset = _setup(family)
     layers[1] = _Off(layers[1], 1.05)  # the first block's output 5% off
@@ -131,7 +131,7 @@ class _Toy(torch.nn.Module):
 def test_a_cpu_model_visits_the_gpu_for_the_check():
     """A pipelined model waits on the CPU: the check runs it on the rank's GPU, each block there only
     for its own call, and every weight is back on the CPU afterwards (the same tensors)."""
-    from PipeTrain.engine.pipeline_check import _visiting
+    from PipeTrain.engine.models.stage_check import _visiting
 
     torch.manual_seed(0)
     model, x = _Toy(), torch.randn(2, 5, 4)

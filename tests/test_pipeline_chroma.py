@@ -30,8 +30,8 @@ def _model(depth: int = 2, singles: int = 2):
 
 
 def _prepare(model, batch: int = 2, latent=(16, 6, 10), guidance=0.0, pooled: bool = False, refs=()):
-    """apply_model's inputs for cached items as engine.data.collate returns them."""
-    from PipeTrain.engine.objective import DiffusionObjective
+    """apply_model's inputs for cached items as engine.train.sample_order.collate returns them."""
+    from PipeTrain.engine.train.objective import DiffusionObjective
 
     gen = torch.Generator().manual_seed(1)
     latents = torch.randn((batch, *latent), generator=gen)

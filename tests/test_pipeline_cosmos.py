@@ -13,7 +13,7 @@ import pytest
 import torch
 from adapter_checks import (assert_layers_equal_reference, assert_only_adapter, assert_refused, assert_same_lora_grads,
                             lora_grads, run_layers, with_lora)
-from PipeTrain.engine.config import ConfigError
+from PipeTrain.engine.config.checks import ConfigError
 from trainable import ensure_trainable
 
 _FAMILIES = {f.name: f for f in fc.FAMILIES if f.name in ("cosmos_predict2", "cosmos1")}
@@ -33,8 +33,8 @@ def _model(family: str, i2v: bool = False, **config):
 
 
 def _prepare(model, batch: int = 2, latent=(16, 3, 8, 6), fps=None, i2v: bool = False, mask: bool = False):
-    """apply_model's inputs for cached items as engine.data.collate returns them."""
-    from PipeTrain.engine.objective import DiffusionObjective
+    """apply_model's inputs for cached items as engine.train.sample_order.collate returns them."""
+    from PipeTrain.engine.train.objective import DiffusionObjective
 
     gen = torch.Generator().manual_seed(1)
     latents = torch.randn((batch, *latent), generator=gen)

@@ -13,7 +13,7 @@ import torch
 from adapter_checks import assert_layers_equal_reference, assert_refused, assert_same_lora_grads, lora_grads, with_lora
 
 import tiny_flux
-from PipeTrain.engine.config import ConfigError
+from PipeTrain.engine.config.checks import ConfigError
 from tools.tiny_config import host_config, params_fields
 from trainable import ensure_trainable
 
@@ -23,7 +23,7 @@ def _model(guidance_embed=True, **config):
 
 
 def _prepare(model, **cond_args):
-    from PipeTrain.engine.objective import DiffusionObjective
+    from PipeTrain.engine.train.objective import DiffusionObjective
 
     latents, conds = tiny_flux.conds(2, **cond_args)
     return ensure_trainable(model, DiffusionObjective(model, seed=3).prepare(latents, conds, [0, 1]))
@@ -105,7 +105,7 @@ def test_unsupported_flux_variants_are_refused(comfy):
 
     model = _model()
     latents, conds = tiny_flux.conds(1)
-    from PipeTrain.engine.objective import DiffusionObjective
+    from PipeTrain.engine.train.objective import DiffusionObjective
 
     prepared = DiffusionObjective(model, seed=3).prepare(latents, conds, [0])
     # ComfyUI's extra_conds would add this for a masked conditioning (it only needs its presence here)
@@ -137,9 +137,9 @@ def test_flux2_is_not_taken_by_the_flux_adapter(comfy):  # it has its own: tests
 
 def test_attention_preset_includes_fused_single_block_linears(comfy_root):
     """Flux single blocks hold their attention in linear1/linear2: the attention preset must train them."""
-    from PipeTrain.engine.comfy_bootstrap import import_comfy
-    from PipeTrain.engine.config import LoraSpec
-    from PipeTrain.engine.lora import select_lora_targets
+    from PipeTrain.engine.launch.comfy_bootstrap import import_comfy
+    from PipeTrain.engine.config.sections import LoraSpec
+    from PipeTrain.engine.train.lora import select_lora_targets
 
     import_comfy(comfy_root)
     model = tiny_flux.build_base_model()

@@ -29,8 +29,8 @@ def _model(depth: int = 2, singles: int = 2, guidance_embed: bool = True):
 
 
 def _prepare(model, batch: int = 2, latent=(128, 4, 6), guidance=3.5, refs=(), method=None):
-    """apply_model's inputs for cached items as engine.data.collate returns them."""
-    from PipeTrain.engine.objective import DiffusionObjective
+    """apply_model's inputs for cached items as engine.train.sample_order.collate returns them."""
+    from PipeTrain.engine.train.objective import DiffusionObjective
 
     gen = torch.Generator().manual_seed(1)
     latents = torch.randn((batch, *latent), generator=gen)

@@ -28,8 +28,8 @@ def _model(**changes):
 
 
 def _prepare(model, batch: int = 2, latent=(16, 8, 8), llama_layers: int = 2, llama_tokens: int = fc.T):
-    """apply_model's inputs for cached items as engine.data.collate returns them."""
-    from PipeTrain.engine.objective import DiffusionObjective
+    """apply_model's inputs for cached items as engine.train.sample_order.collate returns them."""
+    from PipeTrain.engine.train.objective import DiffusionObjective
 
     gen = torch.Generator().manual_seed(1)
     latents = torch.randn((batch, *latent), generator=gen)

@@ -16,7 +16,7 @@ from trainable import ensure_trainable
 from adapter_checks import assert_layers_equal_reference, assert_refused, assert_same_lora_grads, lora_grads, with_lora
 
 _FAMILY = {f.name: f for f in fc.FAMILIES}
-# The embedding hands on img_in's tokens as a strided view (engine/pipeline.py copies it before a
+# The embedding hands on img_in's tokens as a strided view (engine/train/pipeline.py copies it before a
 # send), so the layers here are not checked for contiguous outputs (adapter_checks.run_layers).
 
 
@@ -30,8 +30,8 @@ def _model(family: str, supported: str | None = None, **config):
 
 
 def _prepare(model, family: str, batch: int = 2, latent=None, **extras):
-    """apply_model's inputs for cached items as engine.data.collate returns them."""
-    from PipeTrain.engine.objective import DiffusionObjective
+    """apply_model's inputs for cached items as engine.train.sample_order.collate returns them."""
+    from PipeTrain.engine.train.objective import DiffusionObjective
 
     fam = _FAMILY[family]
     gen = torch.Generator().manual_seed(1)

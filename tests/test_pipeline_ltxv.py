@@ -14,7 +14,7 @@ import torch
 from adapter_checks import (assert_every_lora_trained, assert_layers_equal_reference, assert_only_adapter,
                             assert_pipelined_like_plain, assert_refused, assert_same_lora_grads, lora_grads,
                             run_layers, two_process_runs, with_lora)
-from PipeTrain.engine.config import ConfigError
+from PipeTrain.engine.config.checks import ConfigError
 from trainable import ensure_trainable
 
 _LTXV = next(f for f in fc.FAMILIES if f.name == "ltxv")
@@ -30,8 +30,8 @@ def _model(layers: int = 2):
 
 def _prepare(model, batch: int = 2, latent=(128, 3, 4, 5), frame_rate=25.0, padded: bool = False,
              i2v: bool = False, keyframes: bool = False):
-    """apply_model's inputs for cached items as engine.data.collate returns them."""
-    from PipeTrain.engine.objective import DiffusionObjective
+    """apply_model's inputs for cached items as engine.train.sample_order.collate returns them."""
+    from PipeTrain.engine.train.objective import DiffusionObjective
 
     gen = torch.Generator().manual_seed(1)
     latents = torch.randn((batch, *latent), generator=gen)
@@ -101,8 +101,8 @@ def _staged_lora_grads(model, prepared, lora):
     """Loss and LoRA gradients as pipeline stages compute them: every layer gets its float inputs as
     fresh leaves that require grad (what DeepSpeed receives), and backward runs layer by layer."""
     from PipeTrain.engine.models import adapter_for
-    from PipeTrain.engine.objective import native_loss
-    from PipeTrain.engine.pipeline import _BoundarySafe
+    from PipeTrain.engine.train.objective import native_loss
+    from PipeTrain.engine.train.pipeline import _BoundarySafe
 
     adapter = adapter_for(model)
     layers = [_BoundarySafe(layer) for layer in adapter.layers(model)]
@@ -187,6 +187,6 @@ def test_two_stage_pipeline_trains_like_one_process(tmp_path, comfy_root, ltxv_f
     monkeypatch.setenv("OMP_NUM_THREADS", "1")  # one thread per rank in both runs (a busy 2-core machine)
     plain, piped = two_process_runs(tmp_path, comfy_root, ltxv_files)
     assert "pipeline stage 2/2" in piped.log()
-    # checked against apply_model before DeepSpeed built the stages (engine/pipeline_check.py)
+    # checked against apply_model before DeepSpeed built the stages (engine/models/stage_check.py)
     assert "pipeline check: the ltxv stage layers reproduce ComfyUI" in piped.log()
     assert_every_lora_trained(assert_pipelined_like_plain(plain, piped))

@@ -29,8 +29,8 @@ def _model(family: str = "lumina2", **config):
 
 
 def _prepare(model, family: str = "lumina2", batch: int = 2, latent=(16, 6, 10), text: int = fc.T, mask=None):
-    """apply_model's inputs for cached items as engine.data.collate returns them."""
-    from PipeTrain.engine.objective import DiffusionObjective
+    """apply_model's inputs for cached items as engine.train.sample_order.collate returns them."""
+    from PipeTrain.engine.train.objective import DiffusionObjective
 
     gen = torch.Generator().manual_seed(1)
     latents = torch.randn((batch, *latent), generator=gen)

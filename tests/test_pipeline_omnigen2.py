@@ -26,11 +26,11 @@ def _model(**config):
 
 
 def _prepare(model, batch: int = 2, latent=(16, 6, 10), refs=((16, 6, 8),), mask="ones"):
-    """apply_model's inputs for cached items as engine.data.collate returns them.
+    """apply_model's inputs for cached items as engine.train.sample_order.collate returns them.
 
     refs: the raw shape of each reference latent; mask: "ones" (what the text encoder stores for an
     unpadded prompt), "padded" (its last two tokens masked) or None (no mask cached)."""
-    from PipeTrain.engine.objective import DiffusionObjective
+    from PipeTrain.engine.train.objective import DiffusionObjective
 
     gen = torch.Generator().manual_seed(1)
     latents = torch.randn((batch, *latent), generator=gen)

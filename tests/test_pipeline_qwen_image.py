@@ -27,11 +27,11 @@ def _model(layers: int = 3):
 
 def _prepare(model, batch: int = 2, latent=(16, 1, 6, 10), refs=(), method: str | None = None,
              mask: bool = False):
-    """apply_model's inputs for cached items as engine.data.collate returns them.
+    """apply_model's inputs for cached items as engine.train.sample_order.collate returns them.
 
     refs: (height, width) of each Qwen-Image-Edit reference latent; method: reference_latents_method;
     mask: a text attention mask with the last 2 tokens padded (ComfyUI 0.33+ passes it on)."""
-    from PipeTrain.engine.objective import DiffusionObjective
+    from PipeTrain.engine.train.objective import DiffusionObjective
 
     gen = torch.Generator().manual_seed(1)
     latents = torch.randn((batch, *latent), generator=gen)
@@ -141,7 +141,7 @@ def test_edit_two_stage_pipeline_trains_like_one_process(tmp_path, comfy_root, e
     tiny_detected.use_tiny_detection(monkeypatch)
     plain, piped = two_process_runs(tmp_path, comfy_root, edit_files, grad_accum)
     assert "pipeline stage 2/2" in piped.log()
-    # checked against apply_model before DeepSpeed built the stages (engine/pipeline_check.py)
+    # checked against apply_model before DeepSpeed built the stages (engine/models/stage_check.py)
     assert "pipeline check: the qwen_image stage layers reproduce ComfyUI" in piped.log()
     # atol 1e-5: Adam turns summation-order noise in a near-zero gradient into up to ~2e-6 on a few of
     # ~40k elements; a stage clipped, scaled or left out differs by 1e-4 or more (the steps are ~1e-3).

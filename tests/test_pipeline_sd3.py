@@ -15,7 +15,7 @@ from trainable import ensure_trainable
 from adapter_checks import (assert_every_lora_trained, assert_layers_equal_reference, assert_only_adapter,
                             assert_pipelined_like_plain, assert_same_lora_grads, assert_text_only_inputs, lora_grads,
                             run_layers, two_process_runs, with_lora)
-from PipeTrain.engine.config import ConfigError
+from PipeTrain.engine.config.checks import ConfigError
 
 _SD3 = next(f for f in fc.FAMILIES if f.name == "sd3")
 
@@ -29,8 +29,8 @@ def _model(**changes):
 
 
 def _prepare(model, batch: int = 2, latent=(16, 8, 8), pooled: bool = True):
-    """apply_model's inputs for cached items as engine.data.collate returns them."""
-    from PipeTrain.engine.objective import DiffusionObjective
+    """apply_model's inputs for cached items as engine.train.sample_order.collate returns them."""
+    from PipeTrain.engine.train.objective import DiffusionObjective
 
     gen = torch.Generator().manual_seed(1)
     latents = torch.randn((batch, *latent), generator=gen)

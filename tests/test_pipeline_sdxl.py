@@ -14,7 +14,7 @@ import pytest
 import torch
 from adapter_checks import assert_layers_equal_reference, assert_same_lora_grads, lora_grads, with_lora
 from engine_runs import assert_same_lora, pipeline_config, run_all_to_end
-from PipeTrain.engine.config import ConfigError
+from PipeTrain.engine.config.checks import ConfigError
 from trainable import ensure_trainable
 
 SDXL = next(f for f in fc.FAMILIES if f.name == "sdxl")
@@ -22,7 +22,7 @@ SDXL = next(f for f in fc.FAMILIES if f.name == "sdxl")
 
 @pytest.fixture(scope="module")
 def comfy(comfy_root):
-    from PipeTrain.engine.comfy_bootstrap import import_comfy
+    from PipeTrain.engine.launch.comfy_bootstrap import import_comfy
 
     import_comfy(comfy_root)
     threads = torch.get_num_threads()
@@ -44,7 +44,7 @@ def _model(family):
 
 
 def _prepared(model, family, items: int = 2):
-    from PipeTrain.engine.objective import DiffusionObjective
+    from PipeTrain.engine.train.objective import DiffusionObjective
 
     batches = [fc.batch(family, seed=i + 1) for i in range(items)]
     latents = torch.cat([b[0] for b in batches])
@@ -130,8 +130,9 @@ def sdxl_files(comfy, tmp_path_factory):
     """A model file ComfyUI loads as model_base.SDXL, and a latent cache with SDXL conditioning."""
     import comfy.model_base
     import comfy.sd
-    from PipeTrain.engine.cache_format import write_item, write_manifest
-    from PipeTrain.engine.dataset import DatasetSpec, FolderSpec
+    from PipeTrain.engine.cache.legacy import write_manifest
+    from PipeTrain.engine.cache.writer import write_item
+    from PipeTrain.engine.data.scan import DatasetSpec, FolderSpec
     from safetensors.torch import save_file
 
     root = tmp_path_factory.mktemp("tiny-sdxl")

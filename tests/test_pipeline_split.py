@@ -13,13 +13,16 @@ import torch
 from trainable import ensure_trainable
 
 import tiny_wan
-from engine_runs import assert_same_lora, run_all_to_end, run_to_end
-from PipeTrain.engine.config import ConfigError, LaunchSpec, LoraSpec, MemorySpec, RunConfig, TrainSpec
+from engine_runs import assert_same_lora, run_all_to_end
+from PipeTrain.engine.config.checks import ConfigError
+from PipeTrain.engine.config.launch import LaunchSpec
+from PipeTrain.engine.config.run import RunConfig
+from PipeTrain.engine.config.sections import LoraSpec, MemorySpec, TrainSpec
 
 
 @pytest.fixture(scope="module")
 def wan_files(comfy_root, tmp_path_factory):
-    from PipeTrain.engine.comfy_bootstrap import import_comfy
+    from PipeTrain.engine.launch.comfy_bootstrap import import_comfy
 
     import_comfy(comfy_root)
     root = tmp_path_factory.mktemp("tiny-wan-split")
@@ -42,7 +45,7 @@ def test_bad_split_points_are_refused_naming_the_setting(split, stages, expected
 
 
 def test_split_points_become_stage_bounds_and_out_of_range_names_the_layer_count():
-    from PipeTrain.engine.pipeline import stage_bounds
+    from PipeTrain.engine.train.pipeline import stage_bounds
 
     MemorySpec(pipeline_stages=3, pipeline_split=" 2, 5").validate()
     assert stage_bounds(" 2, 5", 3, 8) == [0, 2, 5, 8]
@@ -56,11 +59,11 @@ def test_checkpointing_applies_inside_stage_layers(wan_files):
     saved tensors for backward and still give the same output and LoRA-free input gradient."""
     import comfy.sd
 
-    from PipeTrain.engine.cache_format import CachedDataset
-    from PipeTrain.engine.checkpointing import enable_checkpointing
-    from PipeTrain.engine.data import SampleStream, collate
+    from PipeTrain.engine.cache.reader import CachedDataset
+    from PipeTrain.engine.memory.activation_checkpointing import enable_checkpointing
+    from PipeTrain.engine.train.sample_order import SampleStream, collate
     from PipeTrain.engine.models import adapter_for
-    from PipeTrain.engine.objective import DiffusionObjective
+    from PipeTrain.engine.train.objective import DiffusionObjective
 
     def run(checkpointed: bool):
         model = comfy.sd.load_diffusion_model(wan_files[0]).model

@@ -13,7 +13,7 @@ _T2V = next(f for f in fc.FAMILIES if f.name == "wan22_5b")
 
 
 def _prepared(family, model, seed: int = 3):
-    from PipeTrain.engine.objective import DiffusionObjective
+    from PipeTrain.engine.train.objective import DiffusionObjective
 
     latents, conds = fc.batch(family)
     prepared = DiffusionObjective(model, seed=seed).prepare(latents, conds, list(range(latents.shape[0])))

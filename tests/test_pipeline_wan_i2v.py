@@ -11,12 +11,15 @@ from trainable import ensure_trainable
 
 import tiny_wan
 from engine_runs import assert_same_lora, run_all_to_end, stage_layers_forward
-from PipeTrain.engine.config import ConfigError, LaunchSpec, LoraSpec, MemorySpec, RunConfig, TrainSpec
+from PipeTrain.engine.config.checks import ConfigError
+from PipeTrain.engine.config.launch import LaunchSpec
+from PipeTrain.engine.config.run import RunConfig
+from PipeTrain.engine.config.sections import LoraSpec, MemorySpec, TrainSpec
 
 
 @pytest.fixture(scope="module")
 def i2v_files(comfy_root, tmp_path_factory):
-    from PipeTrain.engine.comfy_bootstrap import import_comfy
+    from PipeTrain.engine.launch.comfy_bootstrap import import_comfy
 
     import_comfy(comfy_root)
     root = tmp_path_factory.mktemp("tiny-wan-i2v")
@@ -25,9 +28,9 @@ def i2v_files(comfy_root, tmp_path_factory):
 
 
 def _prepared(model, cache):
-    from PipeTrain.engine.cache_format import CachedDataset
-    from PipeTrain.engine.data import SampleStream, collate
-    from PipeTrain.engine.objective import DiffusionObjective
+    from PipeTrain.engine.cache.reader import CachedDataset
+    from PipeTrain.engine.train.sample_order import SampleStream, collate
+    from PipeTrain.engine.train.objective import DiffusionObjective
 
     dataset = CachedDataset(cache)
     latents, conds, ids = collate(dataset, SampleStream([1] * len(dataset), 3), [0, 1], torch.device("cpu"))

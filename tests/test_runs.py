@@ -1,7 +1,7 @@
 """Run folders and LoRA names: never overwrite, never escape."""
 import pytest
 
-from PipeTrain.engine.config import ConfigError
+from PipeTrain.engine.config.checks import ConfigError
 from PipeTrain.nodes.runs import new_run_dir, resumable_runs, resume_run_dir
 from PipeTrain.nodes.save_lora import safe_lora_target
 

@@ -1,10 +1,10 @@
-"""The default stage cut of the transformer adapters (engine/pipeline.py default_bounds): DeepSpeed's
+"""The default stage cut of the transformer adapters (engine/train/pipeline.py default_bounds): DeepSpeed's
 equal layer counts, except where that would leave a stage with the embedding or the head alone."""
 from __future__ import annotations
 
 import pytest
-from PipeTrain.engine.config import ConfigError
-from PipeTrain.engine.pipeline import default_bounds
+from PipeTrain.engine.config.checks import ConfigError
+from PipeTrain.engine.train.pipeline import default_bounds
 
 
 def _stages(parts):

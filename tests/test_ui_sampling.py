@@ -9,9 +9,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from PipeTrain.engine.config import ConfigError, MemorySpec, RunConfig, SampleSpec
+from PipeTrain.engine.config.checks import ConfigError
+from PipeTrain.engine.config.run import RunConfig
+from PipeTrain.engine.config.sections import MemorySpec, SampleSpec
 from PipeTrain.engine.events import EventLog, history, read_events
-from PipeTrain.engine.sampling import SampleRenderer, read_prompts, read_samples, write_prompts
+from PipeTrain.engine.sample_files import read_prompts
+from PipeTrain.engine.train.samples import SampleRenderer, read_samples, write_prompts
 from engine_runs import build_cache, make_config, run_to_end
 
 pytestmark = pytest.mark.slow

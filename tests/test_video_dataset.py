@@ -12,9 +12,11 @@ from media_writers import write_video
 from pack import load_pack
 
 load_pack()
-from PipeTrain.engine.cache_format import CacheError, CachedDataset  # noqa: E402
-from PipeTrain.engine.dataset import DatasetError, DatasetSpec, FolderSpec, validate  # noqa: E402
-from PipeTrain.engine.video_io import VideoReadError, load_video, probe_video  # noqa: E402
+from PipeTrain.engine.cache.format import CacheError  # noqa: E402
+from PipeTrain.engine.cache.reader import CachedDataset
+from PipeTrain.engine.data.messages import DatasetError
+from PipeTrain.engine.data.scan import DatasetSpec, FolderSpec, validate  # noqa: E402
+from PipeTrain.engine.data.video import VideoReadError, load_video, probe_video  # noqa: E402
 
 
 def test_probe_and_stride_sampling(tmp_path):
@@ -55,7 +57,7 @@ def test_scan_lists_short_broken_and_skipped_videos(tmp_path):
 
 @pytest.fixture(scope="module")
 def encoders(comfy_root, tmp_path_factory):
-    from PipeTrain.engine.comfy_bootstrap import import_comfy
+    from PipeTrain.engine.launch.comfy_bootstrap import import_comfy
 
     import_comfy(comfy_root)
     import comfy.sd
@@ -106,7 +108,7 @@ def test_first_frame_conditioning_feeds_wan_i2v(encoders, tmp_path):
     """Wan i2v first-frame extras, cached with ComfyUI's key names, go straight into a real (tiny)
     WAN21 i2v model's extra_conds and apply_model through the training objective."""
     import comfy.supported_models
-    from PipeTrain.engine.objective import DiffusionObjective
+    from PipeTrain.engine.train.objective import DiffusionObjective
     from PipeTrain.nodes.cache_latents import PipeTrainCacheLatents
     from PipeTrain.nodes.load_dataset import PipeTrainLoadDataset
 

@@ -10,7 +10,9 @@ import pytest
 
 from engine_runs import assert_same_lora, build_cache, make_config, run_all_to_end, run_to_end, with_train
 from no_deepspeed_env import make_env
-from PipeTrain.engine.config import ConfigError, LaunchSpec, RunConfig
+from PipeTrain.engine.config.checks import ConfigError
+from PipeTrain.engine.config.launch import LaunchSpec
+from PipeTrain.engine.config.run import RunConfig
 from tools.comfy_server import ComfyInterrupted, ComfyServer
 from tools.demo import demo_prompt
 

@@ -59,7 +59,7 @@ def _install_tiny_detection() -> None:
 
 def use_tiny_detection(monkeypatch) -> None:
     """Make the engine launcher start this file on every rank instead of `-m engine`."""
-    from PipeTrain.engine import launcher
+    from PipeTrain.engine.launch import launcher
 
     command = launcher.launcher_command
 
@@ -92,8 +92,9 @@ def write_cache(root: Path, latent: tuple[int, ...], text_width: int, items: int
                 refs: tuple[tuple[int, ...], ...] = (), extras: dict | None = None) -> str:
     """A latent cache of seeded random items (PipeTrain's own cache writer). refs: the shape of each
     reference latent per item (Edit models); extras: the same extra conditioning for every item."""
-    from PipeTrain.engine.cache_format import write_item, write_manifest
-    from PipeTrain.engine.dataset import DatasetSpec, FolderSpec
+    from PipeTrain.engine.cache.legacy import write_manifest
+    from PipeTrain.engine.cache.writer import write_item
+    from PipeTrain.engine.data.scan import DatasetSpec, FolderSpec
 
     gen = torch.Generator().manual_seed(seed)
     spec = DatasetSpec(folders=(FolderSpec(str(root)),), resolution=64)
@@ -114,9 +115,9 @@ def write_cache(root: Path, latent: tuple[int, ...], text_width: int, items: int
 if __name__ == "__main__":  # one rank: the engine's own entry point, with the tiny detection
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the pack root, as for `python -m engine`
     from engine.__main__ import _parse
-    from engine.comfy_bootstrap import import_comfy
-    from engine.config import RunConfig
-    from engine.train import main
+    from engine.launch.comfy_bootstrap import import_comfy
+    from engine.config.run import RunConfig
+    from engine.train.loop import main
 
     args = _parse(sys.argv[1:])
     import_comfy(RunConfig.load(args.config).comfyui_root)

@@ -40,7 +40,7 @@ def build_base_model(seed: int = 0, guidance_embed: bool = True, **config):
 def conds(batch: int, pooled: bool = True, guidance: float | None = 3.5, seed: int = 1,
           latent: tuple[int, ...] = LATENT, refs: tuple[tuple[int, int], ...] = (),
           ref_method: str | None = None) -> tuple[torch.Tensor, list]:
-    """(latents [B, 16, H, W], conds in the form engine.data.collate returns).
+    """(latents [B, 16, H, W], conds in the form engine.train.sample_order.collate returns).
 
     refs: (height, width) of Kontext reference latents per item (ReferenceLatent), ref_method its
     ref_latents_method (None: the model's default)."""

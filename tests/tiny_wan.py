@@ -57,8 +57,9 @@ def write_model(path: Path, seed: int = 0, i2v: bool = False) -> Path:
 
 def write_cache(root: Path, items: int = 8, seed: int = 0, i2v: bool = False) -> str:
     """i2v: each item also has a start-frame latent (concat_latent_image) and CLIP vision tokens."""
-    from PipeTrain.engine.cache_format import write_item, write_manifest
-    from PipeTrain.engine.dataset import DatasetSpec, FolderSpec
+    from PipeTrain.engine.cache.legacy import write_manifest
+    from PipeTrain.engine.cache.writer import write_item
+    from PipeTrain.engine.data.scan import DatasetSpec, FolderSpec
 
     gen = torch.Generator().manual_seed(seed)
     spec = DatasetSpec(folders=(FolderSpec(str(root)),), resolution=64)

@@ -1,4 +1,4 @@
-"""Making a tiny test model trainable the way the engine does (engine/train.py): the block probe
+"""Making a tiny test model trainable the way the engine does (engine/train/loop.py): the block probe
 (engine.patches.make_trainable) on one forward, then LoRA, then the memory options."""
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import family_configs as fc
 
 def make_trainable(model, latents, conds, **objective_options) -> dict:
     """engine.patches.make_trainable on ComfyUI BaseModel `model`, probing with this batch."""
-    from PipeTrain.engine.objective import DiffusionObjective
-    from PipeTrain.engine.patches import make_trainable as probe_and_fix
+    from PipeTrain.engine.train.objective import DiffusionObjective
+    from PipeTrain.engine.patches.trainable import make_trainable as probe_and_fix
 
     objective = DiffusionObjective(model, seed=0, **objective_options)
     return probe_and_fix(model.diffusion_model, lambda: objective(latents, conds, list(range(len(conds)))))
@@ -19,10 +19,10 @@ def make_trainable(model, latents, conds, **objective_options) -> dict:
 def trained_model(fam: fc.Family, checkpointing: str = "off", rank: int = 4):
     """(model, objective, (latents, conds)) with peft LoRA on every block linear, lora_B drawn at
     random (not peft's zeros, so every LoRA weight gets a gradient), and checkpointing applied."""
-    from PipeTrain.engine.checkpointing import enable_checkpointing
-    from PipeTrain.engine.config import LoraSpec
-    from PipeTrain.engine.lora import inject_lora
-    from PipeTrain.engine.objective import DiffusionObjective
+    from PipeTrain.engine.memory.activation_checkpointing import enable_checkpointing
+    from PipeTrain.engine.config.sections import LoraSpec
+    from PipeTrain.engine.train.lora import inject_lora
+    from PipeTrain.engine.train.objective import DiffusionObjective
 
     model = fc.build(fam)
     latents, conds = fc.batch(fam)
@@ -42,8 +42,8 @@ def trained_model(fam: fc.Family, checkpointing: str = "off", rank: int = 4):
 
 def ensure_trainable(model, prepared):
     """make_trainable once per model, probing with a prepared batch (objective.Prepared); returns it."""
-    from PipeTrain.engine.objective import transformer_options
-    from PipeTrain.engine.patches import is_trainable, make_trainable as probe_and_fix
+    from PipeTrain.engine.train.objective import transformer_options
+    from PipeTrain.engine.patches.trainable import is_trainable, make_trainable as probe_and_fix
 
     if not is_trainable(model.diffusion_model):
         probe_and_fix(model.diffusion_model, lambda: model.apply_model(

@@ -22,7 +22,7 @@ def _ensure_comfy() -> None:
     """Make `comfy.*` importable: in-process tools may run before anything else touched ComfyUI."""
     if "comfy" in sys.modules:  # inside a ComfyUI server, or bootstrapped already
         return
-    from engine.comfy_bootstrap import import_comfy
+    from engine.launch.comfy_bootstrap import import_comfy
 
     import_comfy(os.environ.get("COMFYUI_PATH") or os.path.join(REPO_ROOT, ".comfyui", "ComfyUI"))
 

@@ -31,7 +31,7 @@ export function applyEvent(state, ev) {
       if (!FINISHED.has(state.status)) state.status = ev.step >= state.total && state.total > 0 ? "saving" : "training";
       break;
     }
-    case "eval": // the held-out eval loss (engine/eval_set.py); a resumed run's repeat replaces it
+    case "eval": // the held-out eval loss (engine/train/eval_set.py); a resumed run's repeat replaces it
       if (!Number.isFinite(ev.loss)) break;
       state.evals = (state.evals || []).filter((r) => r[0] !== ev.step).concat([[ev.step, ev.loss]]);
       state.evals.sort((a, b) => a[0] - b[0]);

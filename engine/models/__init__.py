@@ -1,10 +1,11 @@
-"""Pipeline adapters: one file per model family, registered here by name (one line each).
+"""The model in a training process: loading.py loads the user's file exactly the way ComfyUI does,
+and the pipeline adapters, one file per model family, are registered here by name (one line each).
 
 An adapter cuts ComfyUI's diffusion model into a sequential list of stage layers
 (embed -> blocks -> head) for DeepSpeed's PipelineModule. Each layer takes and returns a tuple of
 tensors; the first takes `first_stage_inputs(prepared)`, the last returns ComfyUI's denoised
 prediction, exactly as `BaseModel.apply_model` would (tests/test_pipeline*.py prove it per adapter, and
-engine/pipeline_check.py checks it again at the start of every pipelined run, on the host ComfyUI).
+engine/models/stage_check.py checks it again at the start of every pipelined run, on the host ComfyUI).
 Where ComfyUI versions differ, an adapter follows what the host's objects have (a block's options,
 a model's methods or settings), not a version number.
 Each adapter also names its default stage cut (`partition`: DeepSpeed's "uniform" or "parameters").
@@ -12,7 +13,7 @@ Models without an adapter still train through the generic path with pipeline_sta
 """
 from __future__ import annotations
 
-from ..config import ConfigError
+from ..config.checks import ConfigError
 from .auraflow import AuraFlowAdapter
 from .chroma import ChromaAdapter
 from .cosmos import CosmosAdapter

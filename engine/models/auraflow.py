@@ -17,9 +17,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..config import ConfigError
-from ..objective import transformer_options
-from .common import EmbedLayer, HeadLayer, apply_model_start, refuse_unhandled, require_text
+from ..config.checks import ConfigError
+from ..train.objective import transformer_options
+from .common import (
+    EmbedLayer,
+    HeadLayer,
+    apply_model_start,
+    refuse_unhandled,
+    require_text,
+)
 
 _HANDLED = {"c_crossattn"}
 

@@ -21,9 +21,17 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..config import ConfigError
-from .common import (EmbedLayer, HeadLayer, apply_model_start, block_options, keep_in_graph, patch_tokens,
-                     refuse_unhandled, with_img_slice)
+from ..config.checks import ConfigError
+from .common import (
+    EmbedLayer,
+    HeadLayer,
+    apply_model_start,
+    block_options,
+    keep_in_graph,
+    patch_tokens,
+    refuse_unhandled,
+    with_img_slice,
+)
 
 # The kwargs of model.extra_conds this adapter reproduces; y and the reference latents are ones
 # Chroma's own forward takes and ignores.

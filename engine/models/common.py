@@ -9,8 +9,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..config import ConfigError
-from ..objective import transformer_options
+from ..config.checks import ConfigError
+from ..train.objective import transformer_options
 
 
 class EmbedLayer(nn.Module):

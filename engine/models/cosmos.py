@@ -22,9 +22,17 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..config import ConfigError
-from ..objective import transformer_options
-from .common import EmbedLayer, HeadLayer, apply_model_start, keep_in_graph, or_none, refuse_unhandled, stage_input
+from ..config.checks import ConfigError
+from ..train.objective import transformer_options
+from .common import (
+    EmbedLayer,
+    HeadLayer,
+    apply_model_start,
+    keep_in_graph,
+    or_none,
+    refuse_unhandled,
+    stage_input,
+)
 from .cosmos_predict2 import number, number_tensor
 
 _HANDLED = {"c_crossattn", "c_concat", "fps"}

@@ -25,9 +25,17 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..config import ConfigError
-from ..objective import transformer_options
-from .common import EmbedLayer, HeadLayer, apply_model_start, keep_in_graph, or_none, refuse_unhandled, stage_input
+from ..config.checks import ConfigError
+from ..train.objective import transformer_options
+from .common import (
+    EmbedLayer,
+    HeadLayer,
+    apply_model_start,
+    keep_in_graph,
+    or_none,
+    refuse_unhandled,
+    stage_input,
+)
 
 _HANDLED = {"c_crossattn", "c_concat", "fps", "denoise_mask"}
 

@@ -25,10 +25,20 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..config import ConfigError
-from ..objective import transformer_options
-from .common import (EmbedLayer, HeadLayer, apply_model_start, block_options, keep_in_graph, or_none, patch_tokens,
-                     refuse_unhandled, stage_input, with_img_slice)
+from ..config.checks import ConfigError
+from ..train.objective import transformer_options
+from .common import (
+    EmbedLayer,
+    HeadLayer,
+    apply_model_start,
+    block_options,
+    keep_in_graph,
+    or_none,
+    patch_tokens,
+    refuse_unhandled,
+    stage_input,
+    with_img_slice,
+)
 
 # The kwargs of model.extra_conds this adapter reproduces; anything else means a variant it does not.
 _HANDLED = {"c_crossattn", "y", "guidance", "ref_latents", "ref_latents_method"}
@@ -225,7 +235,7 @@ def stage_inputs(prepared, family: str) -> tuple[torch.Tensor, ...]:
     xt = prepared.xt
     method = kw.get("ref_latents_method")  # absent: the model's default; unknown names act as offset
     if method in _REFUSED_METHODS:
-        from ..patches import comfy_version
+        from ..patches.host import comfy_version
 
         raise ConfigError(f"pipeline_stages > 1 for {family} does not reproduce the reference method {method!r} "
                           f"of ComfyUI {comfy_version()} (a zero timestep for the reference tokens). Set "

@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..config import ConfigError
+from ..config.checks import ConfigError
 from .common import block_options, keep_in_graph
 from .flux import _Embed as _FluxEmbed
 from .flux import _Head as _FluxHead

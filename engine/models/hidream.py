@@ -24,8 +24,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..config import ConfigError
-from ..objective import transformer_options
+from ..config.checks import ConfigError
+from ..train.objective import transformer_options
 from .common import EmbedLayer, HeadLayer, apply_model_start, refuse_unhandled
 
 _HANDLED = {"c_crossattn", "y", "encoder_hidden_states_llama3"}

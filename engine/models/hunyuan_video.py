@@ -8,7 +8,7 @@ embedded guidance, concat channels (c_concat: the I2V / 1.5 image-to-video / ref
 glyph tokens (txt_byt5), CLIP-vision tokens (clip_fea), HunyuanVideo's guiding frame
 (guiding_frame_index: per-token-range modulation) and reference latent (ref_latent). The distilled
 "meanflow" next-step embedding (time_r_in) needs the sampler's schedule; training has none
-(engine.objective.transformer_options), so ComfyUI skips it, and so does this (disable_time_r is
+(engine.train.objective.transformer_options), so ComfyUI skips it, and so does this (disable_time_r is
 then moot). Refused: attention masks (padded text) and ControlNet.
 
 The joint sequence's order follows the host: ComfyUI 0.3.x puts the image tokens first (its double
@@ -27,9 +27,17 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..config import ConfigError
-from ..objective import transformer_options
-from .common import EmbedLayer, HeadLayer, apply_model_start, block_options, keep_in_graph, or_none, stage_input
+from ..config.checks import ConfigError
+from ..train.objective import transformer_options
+from .common import (
+    EmbedLayer,
+    HeadLayer,
+    apply_model_start,
+    block_options,
+    keep_in_graph,
+    or_none,
+    stage_input,
+)
 
 # The kwargs of model.extra_conds this adapter reproduces; anything else means a variant it does not.
 _HANDLED = {"c_crossattn", "y", "guidance", "c_concat", "txt_byt5", "clip_fea", "guiding_frame_index",

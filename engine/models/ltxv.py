@@ -31,9 +31,17 @@ import math
 import torch
 from torch import nn
 
-from ..config import ConfigError
-from ..objective import transformer_options
-from .common import EmbedLayer, HeadLayer, apply_model_start, keep_in_graph, or_none, refuse_unhandled, stage_input
+from ..config.checks import ConfigError
+from ..train.objective import transformer_options
+from .common import (
+    EmbedLayer,
+    HeadLayer,
+    apply_model_start,
+    keep_in_graph,
+    or_none,
+    refuse_unhandled,
+    stage_input,
+)
 
 _HANDLED = {"c_crossattn", "attention_mask", "frame_rate", "denoise_mask", "keyframe_idxs"}
 
@@ -76,7 +84,10 @@ class _Embed(EmbedLayer):
         super().__init__(base, _embedders(base.diffusion_model))
 
     def forward(self, inputs):
-        from comfy.ldm.lightricks.model import latent_to_pixel_coords, precompute_freqs_cis
+        from comfy.ldm.lightricks.model import (
+            latent_to_pixel_coords,
+            precompute_freqs_cis,
+        )
         xt, sigma, context, mask, frame_rate, denoise_mask, keyframe_idxs = inputs
         base, dm = self._refs
         xc, t, context, mask, denoise_mask, keyframe_idxs, frame_rate = _start(base, inputs)
@@ -224,7 +235,7 @@ class LTXVAdapter:
 
     @staticmethod
     def layers(base_model) -> list[nn.Module]:
-        from ..patches import is_trainable, stale_blocks
+        from ..patches.trainable import is_trainable, stale_blocks
 
         dm = base_model.diffusion_model
         if not is_trainable(dm) or stale_blocks(dm):

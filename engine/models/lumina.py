@@ -24,9 +24,16 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..config import ConfigError
-from ..objective import transformer_options
-from .common import EmbedLayer, HeadLayer, apply_model_start, block_options, keep_in_graph, refuse_unhandled
+from ..config.checks import ConfigError
+from ..train.objective import transformer_options
+from .common import (
+    EmbedLayer,
+    HeadLayer,
+    apply_model_start,
+    block_options,
+    keep_in_graph,
+    refuse_unhandled,
+)
 
 _HANDLED = {"c_crossattn", "num_tokens"}
 
@@ -180,7 +187,7 @@ class LuminaAdapter:
         # their embeddings are not mirrored here.
         extra = [n for n in ("clip_text_pooled_proj", "siglip_embedder") if getattr(dm, n, None) is not None]
         if extra:
-            from ..patches import comfy_version
+            from ..patches.host import comfy_version
 
             raise ConfigError(f"pipeline_stages > 1 for Lumina 2 / Z-Image does not reproduce this model's "
                               f"{', '.join(extra)} (ComfyUI {comfy_version()}). Set pipeline_stages to 1 for this "

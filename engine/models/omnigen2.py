@@ -23,9 +23,15 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..config import ConfigError
-from ..objective import transformer_options
-from .common import EmbedLayer, HeadLayer, apply_model_start, keep_in_graph, refuse_unhandled
+from ..config.checks import ConfigError
+from ..train.objective import transformer_options
+from .common import (
+    EmbedLayer,
+    HeadLayer,
+    apply_model_start,
+    keep_in_graph,
+    refuse_unhandled,
+)
 
 _HANDLED = {"c_crossattn", "num_tokens", "ref_latents"}
 

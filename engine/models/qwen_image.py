@@ -20,8 +20,14 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..config import ConfigError
-from .common import EmbedLayer, HeadLayer, apply_model_start, block_options, refuse_unhandled
+from ..config.checks import ConfigError
+from .common import (
+    EmbedLayer,
+    HeadLayer,
+    apply_model_start,
+    block_options,
+    refuse_unhandled,
+)
 
 _HANDLED = {"c_crossattn", "ref_latents", "ref_latents_method", "attention_mask"}
 # Reference layouts as codes for the first stage: -1 the model's default, 0 offset (any other name).
@@ -154,7 +160,7 @@ class QwenImageAdapter:
         xt = prepared.xt
         method = kw.get("ref_latents_method")
         if method in _REFUSED_METHODS:
-            from ..patches import comfy_version
+            from ..patches.host import comfy_version
 
             raise ConfigError(f"pipeline_stages > 1 for Qwen-Image does not reproduce the reference method {method!r} "
                               f"of ComfyUI {comfy_version()} (a zero timestep for the reference tokens). Set "

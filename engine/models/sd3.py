@@ -17,9 +17,17 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..config import ConfigError
-from ..objective import transformer_options
-from .common import EmbedLayer, HeadLayer, apply_model_start, or_none, refuse_unhandled, require_text, stage_input
+from ..config.checks import ConfigError
+from ..train.objective import transformer_options
+from .common import (
+    EmbedLayer,
+    HeadLayer,
+    apply_model_start,
+    or_none,
+    refuse_unhandled,
+    require_text,
+    stage_input,
+)
 
 # The kwargs of model.extra_conds this adapter reproduces; anything else means a variant it does not.
 _HANDLED = {"c_crossattn", "y"}

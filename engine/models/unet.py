@@ -21,7 +21,7 @@ The embedding's xc (the scaled input) is consumed by input block 0 and not carri
 
 transformer_options: each block call gets a fresh dict with what UNetModel._forward would have
 written by then ("original_shape", "transformer_index" counted over the SpatialTransformers of the
-earlier blocks, "block") on top of the engine's per-call options (engine/objective.py); patches
+earlier blocks, "block") on top of the engine's per-call options (engine/train/objective.py); patches
 and ControlNet are sampling-time additions that a training run never sets, so like the plain
 path the layers apply none.
 """
@@ -30,8 +30,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..config import ConfigError
-from ..objective import transformer_options
+from ..config.checks import ConfigError
+from ..train.objective import transformer_options
 
 _HANDLED = {"c_crossattn", "y"}
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..config import ConfigError
+from ..config.checks import ConfigError
 from .common import block_options
 
 
@@ -35,7 +35,6 @@ class _Embed(nn.Module):
     def forward(self, inputs):
         import comfy.ldm.common_dit
         from comfy.ldm.wan.model import sinusoidal_embedding_1d
-
         from comfy.model_base import convert_tensor
 
         xt, sigma, context, concat, clip_fea, mask = inputs

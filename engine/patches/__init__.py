@@ -5,6 +5,10 @@
   out-of-place forward (fixes.py; flux.py, ltxv.py) only where upstream's own would train wrongly.
 - host.py: the host's version and training flag. verdicts.py: the probe's cached verdicts.
 - guard.py: the first-call check that a block wrote into none of its inputs.
+- kitchen.py: a backward for comfy-kitchen's fused rope/norm ops. probe_batch.py: the probe's input.
+- attention.py: ComfyUI's attention calls left eager inside compiled blocks (engine/memory/compile.py).
+- peft.py: peft's LoRA Linear computing in the activations' dtype (engine/train/lora.py).
+- deepspeed.py: the private parts of DeepSpeed's pipeline engine PipeTrain sets (engine/train/pipeline.py).
 The ComfyUI server process is never patched. Importing this package imports no ComfyUI code.
 """
 from __future__ import annotations

@@ -20,9 +20,8 @@ Importing this module needs ComfyUI on sys.path.
 """
 from __future__ import annotations
 
-import torch
-
 import comfy.ldm.flux.layers as flux_layers
+import torch
 
 from .fixes import Fix
 

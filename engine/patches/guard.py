@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..blocks import blocks
+from ..memory.blocks import blocks
 
 
 class InPlaceBlockError(RuntimeError):
@@ -31,7 +31,7 @@ def _tensors(args, kwargs):
 
 
 def guard_blocks(diffusion_model: nn.Module) -> int:
-    """Add the one-shot check to every block (engine.blocks); returns how many were guarded."""
+    """Add the one-shot check to every block (engine.memory.blocks); returns how many were guarded."""
     guarded = 0
     for index, block in enumerate(blocks(diffusion_model)):
         state = {}

@@ -27,7 +27,9 @@ _registered: dict[str, object] = {}  # op qualname -> its CustomOpDef, while our
 
 
 def _opdef(qualname: str):
-    from torch._library import custom_ops  # the registry of torch.library.custom_op definitions
+    from torch._library import (
+        custom_ops,  # the registry of torch.library.custom_op definitions
+    )
 
     return custom_ops.OPDEFS.get(qualname)
 

@@ -15,10 +15,9 @@ Importing this module needs ComfyUI on sys.path.
 """
 from __future__ import annotations
 
-import torch
-
 import comfy.ldm.common_dit
 import comfy.ldm.lightricks.model as ltxv_model
+import torch
 
 from .fixes import Fix
 from .flux import into

@@ -8,7 +8,7 @@ block neither stops a family that still trains fine nor lets one train with wron
    every class was seen.
 2. `probe` runs one block on fresh copies of those inputs, with a small LoRA-like update on each of
    its linear layers and gradients on every float input, twice: plainly, and under non-reentrant
-   activation checkpointing (as engine/checkpointing.py runs it). The block is safe when both runs
+   activation checkpointing (as engine/memory/activation_checkpointing.py runs it). The block is safe when both runs
    finish their backward, it wrote into none of its inputs, and the checkpointed output and
    gradients equal the plain ones. Given a reference output (upstream's own), the plain output
    must equal it too: that is how an out-of-place forward of ours is admitted.

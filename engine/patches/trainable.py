@@ -39,8 +39,8 @@ def _name(cls: type) -> str:
 
 
 def first_blocks(diffusion_model: nn.Module) -> dict[type, nn.Module]:
-    """The first block of each block class, in model order (engine/blocks.py finds the blocks)."""
-    from ..blocks import blocks
+    """The first block of each block class, in model order (engine/memory/blocks.py finds the blocks)."""
+    from ..memory.blocks import blocks
 
     out: dict[type, nn.Module] = {}
     for block in blocks(diffusion_model):
@@ -49,7 +49,7 @@ def first_blocks(diffusion_model: nn.Module) -> dict[type, nn.Module]:
 
 
 def _refuse_wrapped(diffusion_model: nn.Module) -> None:
-    from ..blocks import blocks
+    from ..memory.blocks import blocks
 
     wrapped = [i for i, b in enumerate(blocks(diffusion_model)) if "forward" in vars(b)]
     if wrapped:
@@ -132,7 +132,7 @@ def make_trainable(diffusion_model: nn.Module, run_forward, *, cache_file: str |
     context: what about the call decides code paths beyond the block itself (conditioning kinds).
     Returns {block class: "upstream" or the fixes' names joined by " + "}. Raises UnsafeBlock.
     """
-    from ..blocks import blocks
+    from ..memory.blocks import blocks
 
     set_training_mode(True)
     _refuse_wrapped(diffusion_model)

@@ -1,0 +1,332 @@
+"""Writing the latent cache: plan it, encode one rank's share of the items, write the metadata.
+
+The CacheLatents node runs this as rank 0 of 1; the engine's cache mode (engine/cache/cli.py)
+runs it on N ranks. Item i belongs to rank i % N; each rank writes its items into its own shards
+(engine/cache/shards.py), and the metadata table + manifest are written once (by rank 0, after
+every rank finished) from the shards on disk, so N ranks make a cache with the same fingerprint
+folder and the same items, rows and tensors as the node (only the grouping into shard files differs).
+
+Memory: one item's pixels and the current shard's tensors (at most SHARD_ITEMS items / SHARD_MIB);
+what the loop keeps besides is the dataset scan's metadata and, per distinct caption, the index of
+the item that holds its encoding (a repeated caption's conditioning is read back, not kept).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..data.images import ImageReadError, describe_error
+from ..data.scan import DatasetItem, DatasetSpec, cache_entries, relative_source
+from ..data.scan_memo import validate_once
+from ..data.video import VideoReadError
+from .format import (
+    CACHE_FOLDER,
+    MANIFEST,
+    CacheError,
+    CacheSpec,
+    cache_dir_for,
+    fingerprint,
+    item_key,
+    pack_item,
+    restore_cond,
+)
+from .items import (
+    ItemOptions,
+    caption_cond,
+    load_pixels,
+    loss_mask_tensor,
+    per_item,
+    safe_text,
+)
+from .legacy import save_item_file
+from .reader import CachedDataset
+from .shards import (
+    ShardReader,
+    ShardWriter,
+    complete_manifest,
+    scan_shards,
+    write_metadata,
+)
+
+FAILURES_SHOWN = 5
+
+
+def find_trusted_cache(dataset: DatasetSpec, identity: dict) -> CacheSpec | None:
+    """The newest complete cache for these encoders and dataset settings, found without touching the
+    dataset's files (only the cache folder's manifests are read)."""
+    root = os.path.join(dataset.folders[0].path, CACHE_FOLDER)
+    want_dataset = json.loads(json.dumps(dataset.to_dict()))
+    want_encoders = json.loads(json.dumps(identity, default=str))
+    best = None
+    for name in (os.listdir(root) if os.path.isdir(root) else []):
+        try:
+            ds = CachedDataset(os.path.join(root, name))
+        except (CacheError, OSError, KeyError):
+            continue  # incomplete or damaged: not trusted
+        if ds.manifest.get("dataset") == want_dataset and ds.manifest.get("encoders") == want_encoders:
+            mtime = os.path.getmtime(os.path.join(root, name, "manifest.json"))
+            if best is None or mtime > best[0]:
+                best = (mtime, ds.spec())
+    return None if best is None else best[1]
+
+
+def previous_items(dataset: DatasetSpec, identity: dict, cache_dir) -> dict[str, tuple[str, int | None]]:
+    """item_key -> (file, index) of the items of the newest other complete cache with these encoders
+    and settings (CachedDataset.previous: a format 1 cache's items too).
+
+    Any edited, added or removed file changes the fingerprint, so the cache gets a new folder; the
+    items whose files did not change are copied from the previous cache instead of encoded again
+    (their tensors are read and written once: disk I/O, no encoder call).
+    """
+    old = None if (Path(cache_dir) / MANIFEST).is_file() else find_trusted_cache(dataset, identity)
+    if old is None:  # this cache is complete already (only repeats changed), or there is no other
+        return {}
+    return CachedDataset(old.cache_dir).previous()
+
+
+def writable_cache_root(dataset: DatasetSpec) -> None:
+    root = os.path.join(dataset.folders[0].path, CACHE_FOLDER)
+    if os.path.lexists(root) and not os.path.isdir(root):
+        raise CacheError(f"{root} exists but is not a folder: PipeTrain keeps its latent cache there. Delete or "
+                         "rename that file, then run again.")
+
+
+def write_error(dataset: DatasetSpec, e: OSError) -> CacheError:
+    root = os.path.join(dataset.folders[0].path, CACHE_FOLDER)
+    return CacheError(f"cannot write the latent cache under {root} ({e.strerror or e}): the cache lives in the first "
+                      "dataset folder, so make that folder writable (and check the disk is not full), or list a "
+                      "writable folder first in LoadDataset's 'folders'.")
+
+
+def write_item(target, index: int, latent: torch.Tensor, cond_tensor: torch.Tensor,
+               cond_extras: Mapping[str, Any], source: str, caption: str, repeats: int,
+               loss_mask: torch.Tensor | None = None) -> list[str]:
+    """Store one item. Tensors are passed as ComfyUI returns them (batch of 1); loss_mask likewise
+    ([1, 1, (1,) h, w]). target: a ShardWriter (what CacheLatents writes through: the
+    item joins its next shard), or a folder (a format 1 item file, written atomically).
+
+    Returns the extras keys that could not be stored (neither tensor, None nor JSON); the
+    caller decides how loudly to report them.
+    """
+    tensors, metadata, skipped = pack_item(latent, cond_tensor, cond_extras, source, caption, repeats, loss_mask)
+    if isinstance(target, (str, os.PathLike)):
+        save_item_file(target, index, tensors, metadata)
+    else:
+        target.add(index, tensors, metadata)
+    return skipped
+
+
+@dataclass(frozen=True)
+class CachePlan:
+    """What every rank agrees on before encoding: the checked dataset, where its cache goes, its items."""
+    dataset: DatasetSpec
+    identity: dict
+    fingerprint: str
+    cache_dir: Path
+    entries: list  # (DatasetItem, (width, height)) in cache order: cache_entries
+
+
+def plan_cache(dataset: DatasetSpec, identity: dict, warn: Callable[[str], None]) -> CachePlan:
+    """Scan the dataset (its warnings go to `warn`), fingerprint it and check the cache folder. The scan
+    LoadDataset just made is reused when no file changed since (engine/data/scan_memo.py)."""
+    scan = validate_once(dataset)
+    for warning in scan.warnings:
+        warn(warning)
+    fp = fingerprint(dataset, scan.items, identity)
+    cache_dir = cache_dir_for(dataset, fp)
+    writable_cache_root(dataset)
+    # each image once per resolution, at its bucket size
+    return CachePlan(dataset, identity, fp, cache_dir, cache_entries(dataset, scan.items))
+
+
+@dataclass
+class ShardResult:
+    """What one rank did; failed holds the first FAILURES_SHOWN messages of failed_count."""
+    reused: int = 0
+    copied: int = 0  # unchanged items copied from the previous cache's shards (no encoder call)
+    encoded: int = 0
+    captions: int = 0  # distinct captions this rank saw
+    failed_count: int = 0
+    failed: list[str] = field(default_factory=list)
+    skipped_keys: list[str] = field(default_factory=list)
+
+    def fail(self, message: str) -> None:
+        self.failed_count += 1
+        if len(self.failed) < FAILURES_SHOWN:
+            self.failed.append(message)
+
+    @classmethod
+    def merge(cls, parts: list[ShardResult]) -> ShardResult:
+        out = cls()
+        for p in parts:
+            out.reused, out.copied, out.encoded = out.reused + p.reused, out.copied + p.copied, out.encoded + p.encoded
+            out.captions += p.captions
+            out.failed_count += p.failed_count
+            out.failed = (out.failed + p.failed)[:FAILURES_SHOWN]
+            out.skipped_keys = sorted(set(out.skipped_keys) | set(p.skipped_keys))
+        return out
+
+    def failures_text(self) -> str:
+        more = self.failed_count - len(self.failed)
+        return "; ".join(self.failed) + (f" ... and {more} more" if more > 0 else "")
+
+
+def encode_shard(plan: CachePlan, vae, clip, rank: int = 0, world: int = 1, regenerate: bool = False,
+                 options: ItemOptions = ItemOptions(), write: Callable[..., list[str]] = write_item,
+                 check_cancel: Callable[[], None] | None = None,
+                 progress: Callable[[], None] | None = None) -> ShardResult:
+    """Encode and write the items i with i % world == rank that are in no complete shard yet.
+
+    Items in a complete shard are skipped (a cancelled run resumes), unchanged files are copied from
+    the previous cache (ShardResult.copied), files that fail to decode are counted in the result.
+    write(writer, index, ...) is write_item. check_cancel runs before each item (the
+    node raises ComfyUI's interrupt there), progress after each. options: what each item stores besides
+    its latent and caption (first-frame conditioning, CLIP vision, control images; cache_items.ItemOptions).
+    On any exception the items done so far are written as one more shard before it propagates (a
+    hard kill loses them: the next run encodes them again).
+    """
+    dataset, cache_dir = plan.dataset, plan.cache_dir
+    previous = {} if regenerate else previous_items(dataset, plan.identity, cache_dir)
+    writer = ShardWriter(cache_dir)
+    try:
+        out = _encode_loop(plan, vae, clip, rank, world, options, write, check_cancel, progress,
+                           (previous, ShardReader()), writer)
+        writer.flush()
+    except OSError as e:
+        raise write_error(dataset, e) from e
+    except BaseException:
+        try:
+            writer.flush()  # whole items, so the next run resumes after them
+        except Exception:  # noqa: BLE001 - the first error is the one to report
+            pass
+        raise
+    return out
+
+
+def _encode_loop(plan: CachePlan, vae, clip, rank: int, world: int, options: ItemOptions, write,
+                 check_cancel, progress, previous: tuple[dict, ShardReader],
+                 writer: ShardWriter) -> ShardResult:
+    # identical captions are encoded once per rank; later ones copy the first item's stored
+    # conditioning from disk rather than keeping every caption's tensors in memory (keys: digests)
+    caption_item: dict[bytes, int] = {}
+    out = ShardResult()
+    skipped: set[str] = set()
+    for index in range(rank, len(plan.entries), world):
+        item, size = plan.entries[index]
+        if check_cancel is not None:  # finished items are already on disk, so the next run resumes
+            check_cancel()
+        key = _digest(item.caption or "")
+        if writer.done(index):
+            out.reused += 1
+            caption_item.setdefault(key, index)  # its stored cond serves this caption
+        elif _copy_previous(previous, plan, index, writer):
+            out.copied += 1  # unchanged file: the previous cache's tensors, read and written again
+            caption_item.setdefault(key, index)
+        else:
+            message = _encode_one(plan, vae, clip, index, item, size, caption_item.get(key), options,
+                                  write, skipped, writer)
+            if message is None:
+                caption_item.setdefault(key, index)
+                out.encoded += 1
+            else:
+                out.fail(message)
+        if progress is not None:
+            progress()
+    out.captions = len(caption_item)
+    out.skipped_keys = sorted(skipped)
+    return out
+
+
+def _digest(caption: str) -> bytes:
+    """A caption's key in the reuse table: 16 bytes however long the caption is."""
+    return hashlib.blake2b(caption.encode("utf-8", "surrogateescape"), digest_size=16).digest()
+
+
+def _copy_previous(previous: tuple[dict, ShardReader], plan: CachePlan, index: int, writer: ShardWriter) -> bool:
+    """Copy an unchanged item's tensors from the previous cache into this one; False if it is gone or unreadable.
+    previous: (previous_items' table, the reader that keeps the shards being copied from open)."""
+    items, reader = previous
+    source = items.get(item_key(plan.dataset, *plan.entries[index])) if items else None
+    if not source:
+        return False
+    try:
+        tensors, meta = reader.read(*source)
+    except Exception:  # noqa: BLE001 - deleted or damaged meanwhile: encode it instead
+        return False
+    writer.add(index, tensors, {k: meta[k] for k in ("source", "caption", "repeats", "cond_none", "cond_json",
+                                                      "cond_unbatched") if k in meta})
+    return True
+
+
+def _encode_one(plan: CachePlan, vae, clip, index: int, item: DatasetItem, size, seen: int | None,
+                options: ItemOptions, write, skipped: set[str], writer: ShardWriter) -> str | None:
+    """Encode and write one item; returns why it failed to decode, or None when it was written.
+    seen: the index of an item written with the same caption (its conditioning is reused), or None."""
+    dataset, caption = plan.dataset, item.caption or ""
+    try:
+        pixels, control = load_pixels(dataset, item, size)
+    except (ImageReadError, VideoReadError) as e:  # passed the scan but fails to decode fully (e.g. damaged pixel data)
+        return str(e)
+    except Exception as e:  # noqa: BLE001 - anything else Pillow/numpy raise for one file
+        return describe_error(item.path, e)
+    with torch.inference_mode():  # no autograd graph: encoders are frozen here
+        latent = vae.encode(pixels)
+        if item.frames and latent.ndim != 5:
+            raise CacheError(f"the VAE encoded the video {item.path} as {latent.shape[0]} separate images "
+                             f"(latent {tuple(latent.shape)}): it is an image VAE. Connect the VAE of a video "
+                             "model (Wan, HunyuanVideo, LTXV...), or set LoadDataset's video_frames to 0.")
+        if seen is not None:
+            cond, extras = restore_cond(*writer.stored(seen))
+        else:
+            cond, extras = caption_cond(clip, caption)
+        extras = {k: v for k, v in extras.items() if not per_item(k)}  # per item, not per caption
+        extras.update(options.extras(vae, item, pixels, latent, control))
+    try:
+        # a mask failing to decode after passing the scan skips the item (engine/data/pairs.py policy)
+        mask = loss_mask_tensor(item, size, latent) if item.mask else None
+    except ImageReadError as e:
+        return str(e)
+    try:
+        skipped.update(write(writer, index, latent, cond, extras, safe_text(relative_source(dataset, item.path)),
+                             caption, item.repeats, loss_mask=mask))
+    except OSError as e:
+        raise write_error(dataset, e) from e
+    return None
+
+
+def finish_cache(plan: CachePlan, result: ShardResult, warn: Callable[[str], None]) -> CacheSpec:
+    """Report what failed and write the metadata table and the manifest (last, atomically) from the
+    shards on disk. Run once, after every rank finished. Raises CacheError when no item could be encoded.
+    """
+    dataset, cache_dir, entries = plan.dataset, plan.cache_dir, plan.entries
+    failures = result.failures_text()
+    if result.failed_count:
+        warn(f"{result.failed_count} image(s) could not be used and are left out of the cache (the reason follows "
+             f"each name; the rest trains; fix them and run again to add them): {failures}")
+    if result.skipped_keys:
+        warn(f"conditioning value(s) {', '.join(result.skipped_keys)} are neither tensors nor JSON and were not "
+             "cached; models that need them will not train correctly.")
+    if not result.encoded and not result.copied:
+        manifest = complete_manifest(cache_dir, plan.fingerprint, dataset, plan.identity)
+        if manifest is not None:  # a re-run that changed nothing: the manifest already describes every item
+            return CacheSpec(str(cache_dir), plan.fingerprint, int(manifest["count"]), tuple(manifest["latent_shape"]))
+    if not scan_shards(cache_dir):
+        raise CacheError(f"none of the dataset's {len(entries)} image(s) could be decoded, so there is nothing to "
+                         f"train on: {failures or '?'}.")
+
+    def info(index: int) -> dict[str, Any]:
+        item, (width, height) = entries[index]
+        return {"source": safe_text(relative_source(dataset, item.path)), "repeats": item.repeats, "width": width,
+                "height": height, "key": item_key(dataset, item, (width, height))}
+    try:
+        count, latent_shape = write_metadata(cache_dir, plan.fingerprint, dataset, plan.identity, info)
+    except OSError as e:
+        raise write_error(dataset, e) from e
+    return CacheSpec(str(cache_dir), plan.fingerprint, count, tuple(latent_shape))

@@ -1,0 +1,136 @@
+"""RunConfig: the one contract between the ComfyUI nodes and the training engine.
+
+The node writes it as `<run_dir>/run.json`; the engine reads it back. Both sides validate it
+with `RunConfig.from_dict`, so a bad value is reported before any rank starts, with a message
+that names the setting and says what to change. Everything here is plain data (no torch).
+
+The sections live in files named for them (engine/config/sections.py: lora, memory, train, sample;
+engine/config/launch.py: launch and its cluster; engine/config/eval.py: eval), the allowed values in
+engine/config/choices.py, the shared checks in engine/config/checks.py and the rules across
+sections in engine/config/rules.py. Each name is imported from the file that defines it.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .checks import (
+    ConfigError,
+    check_run_name,
+    gpu_count,
+)
+from .checks import check as _check
+from .eval import EvalSpec
+from .launch import ClusterSpec, LaunchSpec
+from .rules import check_optimizer_settings
+from .sections import LoraSpec, MemorySpec, SampleSpec, TrainSpec
+
+CONFIG_VERSION = 1
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    run_name: str
+    run_dir: str
+    comfyui_root: str
+    model_path: str
+    cache_dir: str
+    lora: LoraSpec = field(default_factory=LoraSpec)
+    memory: MemorySpec = field(default_factory=MemorySpec)
+    train: TrainSpec = field(default_factory=TrainSpec)
+    launch: LaunchSpec = field(default_factory=LaunchSpec)
+    sample: SampleSpec = field(default_factory=SampleSpec)
+    eval: EvalSpec = field(default_factory=EvalSpec)  # held-out eval set (engine/config/eval.py)
+    resume: bool = False  # continue from the newest checkpoint in run_dir/checkpoints
+    version: int = CONFIG_VERSION
+
+    def validate(self) -> None:
+        _check(self.version == CONFIG_VERSION,
+               f"run.json has version {self.version}, this PipeTrain reads version {CONFIG_VERSION}: "
+               "re-create the run from the TrainPipeline node.")
+        check_run_name(self.run_name)
+        _check(os.path.isfile(self.model_path), f"model file {self.model_path} does not exist: pick a file ComfyUI lists.")
+        _check(os.path.isfile(os.path.join(self.comfyui_root, "comfy", "sd.py")),
+               f"comfyui_root {self.comfyui_root} is not a ComfyUI folder (no comfy/sd.py).")
+        _check(os.path.isfile(os.path.join(self.cache_dir, "manifest.json")),
+               f"cache {self.cache_dir} is incomplete (no manifest.json): run CacheLatents again.")
+        for part in (self.lora, self.memory, self.train, self.launch, self.sample, self.eval):
+            part.validate()
+        check_optimizer_settings(self.memory, self.train)
+        nodes = self.launch.nodes()  # with a hostfile, engine/launch/cluster.py checks this once it is read
+        _check(not nodes or (nodes * self.launch.num_gpus) % self.memory.pipeline_stages == 0,
+               f"{gpu_count(nodes, self.launch.num_gpus)} cannot be split into {self.memory.pipeline_stages} pipeline "
+               "stages: use a number of GPUs (over all nodes) divisible by pipeline_stages (e.g. 2 stages on 2, 4 "
+               "or 8 GPUs).")
+        _check(self.launch.backend == "deepspeed" or self.memory.pipeline_stages == 1,
+               "pipeline_stages > 1 needs DeepSpeed: install it (pip install deepspeed, Linux) or set "
+               "pipeline_stages to 1.")
+
+    # ---- (de)serialisation -------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "RunConfig":
+        cfg = _build(cls, data, "run")
+        cfg.validate()
+        return cfg
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "RunConfig":
+        try:
+            data = json.loads(Path(path).read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError) as e:
+            raise ConfigError(f"cannot read run config {path}: {e}") from e
+        return cls.from_dict(data)
+
+    def save(self, path: str | os.PathLike) -> None:
+        write_text_atomic(Path(path), json.dumps(self.to_dict(), indent=2, sort_keys=True))
+
+
+def _build(cls, data: Any, where: str):
+    """Build a frozen dataclass from a dict, rejecting unknown keys and wrong types."""
+    _check(isinstance(data, dict), f"{where} must be a JSON object, got {type(data).__name__}.")
+    data = getattr(cls, "upgrade_legacy", lambda d: d)(data)  # older run.json spellings of a setting
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - set(fields))
+    _check(not unknown, f"unknown setting(s) in {where}: {', '.join(unknown)}. Remove them or check the spelling.")
+    kwargs = {}
+    for name, f in fields.items():
+        if name not in data:
+            _check(f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING,
+                   f"{where}.{name} is missing from run.json.")
+            continue
+        value = data[name]
+        ftype = f.type if isinstance(f.type, str) else f.type.__name__
+        sub = _SECTIONS.get(ftype)
+        if sub is not None:
+            value = _build(sub, value, f"{where}.{name}")
+        elif ftype == "float":
+            _check(isinstance(value, (int, float)) and not isinstance(value, bool), f"{where}.{name} must be a number.")
+            value = float(value)
+        elif ftype == "int":
+            _check(isinstance(value, int) and not isinstance(value, bool), f"{where}.{name} must be a whole number.")
+        elif ftype == "bool":
+            _check(isinstance(value, bool), f"{where}.{name} must be true or false.")
+        elif ftype == "str":
+            _check(isinstance(value, str), f"{where}.{name} must be a string.")
+        kwargs[name] = value
+    return cls(**kwargs)
+
+
+_SECTIONS = {"LoraSpec": LoraSpec, "MemorySpec": MemorySpec, "TrainSpec": TrainSpec, "LaunchSpec": LaunchSpec,
+             "ClusterSpec": ClusterSpec,
+             "SampleSpec": SampleSpec, "EvalSpec": EvalSpec}
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write a file so readers see the old or the new content, never half of it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)

@@ -1,0 +1,210 @@
+"""Starting and stopping the DeepSpeed launcher for a run (standard library only).
+
+Used by the TrainPipeline node and by the headless command
+    python -m engine.launch.launcher <run_dir>/run.json
+Both start exactly the same process tree: `sys.executable -m deepspeed.launcher.runner ...`
+(or, for the DeepSpeed-free backend, `sys.executable -m engine ...`) with cwd = the pack root,
+in its own process group so a cancel or a failure can end every rank at once. Nothing here is
+POSIX-only: Windows gets a new process group and CTRL_BREAK instead of signals to a group.
+
+Several machines (launch.cluster): DeepSpeed's launcher with a hostfile, either over ssh from
+node 0 or one launcher per node (`--node_rank N`, no_ssh); engine/launch/cluster.py checks the settings
+and the master's address first.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from ..config.checks import ConfigError
+from ..config.run import RunConfig
+from ..events import EventTail
+from . import cluster
+
+PACK_ROOT = Path(__file__).resolve().parent.parent
+LOG_FILE = "train.log"
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def deepspeed_available() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("deepspeed") is not None
+
+
+def resolve_backend(requested: str) -> str:
+    """'auto' -> DeepSpeed where it is installed, else one plain PyTorch process."""
+    if requested == "auto":
+        return "deepspeed" if deepspeed_available() else "plain"
+    if requested == "deepspeed" and not deepspeed_available():
+        raise ConfigError("backend 'deepspeed' is selected but DeepSpeed is not installed in ComfyUI's Python: "
+                          "pip install deepspeed (Linux), or choose backend 'auto'/'plain' for one GPU.")
+    return requested
+
+
+def launcher_command(cfg: RunConfig, config_path: str | os.PathLike, master_port: int,
+                     node: cluster.NodePlan | None = None, hostfile: str = "") -> list[str]:
+    if cfg.launch.backend == "plain":  # no launcher: the engine itself is the one process
+        return [sys.executable, "-u", "-m", "engine", "--config", str(config_path)]
+    cmd = [sys.executable, "-u", "-m", "deepspeed.launcher.runner"]
+    if node is not None:  # several machines: the flags DeepSpeed's users know (engine/launch/cluster.py)
+        cmd += cluster.runner_args(node, hostfile, cfg.launch.gpu_ids)
+    elif cfg.launch.gpu_ids:
+        cmd += ["--master_port", str(master_port), "--include", "localhost:" + cfg.launch.gpu_ids]
+    else:
+        cmd += ["--master_port", str(master_port), "--num_gpus", str(cfg.launch.num_gpus)]
+    return cmd + ["--module", "--no_local_rank", "engine", "--config", str(config_path)]
+
+
+def launcher_env(cfg: RunConfig, cuda: bool) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONUNBUFFERED"] = "1"
+    if cfg.launch.backend == "plain" and cfg.launch.gpu_ids:
+        env["CUDA_VISIBLE_DEVICES"] = cfg.launch.gpu_ids  # the DeepSpeed launcher does this for its ranks
+    if cfg.memory.expandable_segments:  # the ranks inherit it; torch reads it at its first CUDA allocation
+        alloc = [o for o in env.get("PYTORCH_CUDA_ALLOC_CONF", "").split(",") if o and "expandable_segments" not in o]
+        env["PYTORCH_CUDA_ALLOC_CONF"] = ",".join(alloc + ["expandable_segments:True"])
+    if not cuda:
+        env["DS_ACCELERATOR"] = "cpu"
+        # Ranks share the CPU cores: without this each rank starts one thread per core.
+        env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // cfg.launch.num_gpus)))
+    return env
+
+
+def spawn(cfg: RunConfig, config_path: str | os.PathLike, cuda: bool, node_rank: int | None = None,
+          master_addr: str | None = None, master_port: int | None = None) -> subprocess.Popen:
+    """Start the launcher in its own process group; stdout+stderr go to <run_dir>/train.log.
+
+    Several machines: node_rank/master_addr/master_port override run.json's cluster settings for
+    this node; the settings are validated and the master's address checked before anything starts.
+    """
+    node = cluster.plan(cfg, node_rank, master_addr, master_port)
+    Path(cfg.run_dir).mkdir(parents=True, exist_ok=True)  # on nodes other than 0 it may not exist yet
+    hostfile = ""
+    if node is not None:
+        hostfile = node.hostfile or cluster.write_generated_hostfile(node, cfg.run_dir)
+        cluster.check_master(node)
+    port = cfg.launch.cluster.master_port or free_port()
+    (Path(cfg.run_dir) / "cancel").unlink(missing_ok=True)  # a cancel of an earlier attempt
+    log = open(Path(cfg.run_dir) / log_name(node.node_rank if node else 0), "ab")
+    kwargs = {}
+    if os.name == "nt":
+        kwargs["creationflags"] = subprocess.CREATE_NEW_PROCESS_GROUP
+    else:
+        kwargs["start_new_session"] = True
+    try:
+        return subprocess.Popen(launcher_command(cfg, config_path, port, node, hostfile), cwd=str(PACK_ROOT),
+                                env=launcher_env(cfg, cuda), stdout=log, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, **kwargs)
+    finally:
+        log.close()  # the child holds its own copy
+
+
+def request_cancel(run_dir: str | os.PathLike) -> None:
+    """Ask the engine to checkpoint and exit at the end of the current step."""
+    (Path(run_dir) / "cancel").touch()
+
+
+def kill_tree(proc: subprocess.Popen, grace: float = 3.0) -> None:
+    """End the launcher and every rank: polite signal first, then kill after `grace` seconds."""
+    if proc.poll() is not None:
+        return
+    if os.name == "nt":
+        proc.send_signal(signal.CTRL_BREAK_EVENT)
+    else:
+        _signal_group(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        pass
+    if os.name == "nt":
+        proc.kill()
+    else:
+        _signal_group(proc.pid, signal.SIGKILL)  # ranks may outlive the launcher: kill the group
+    proc.wait()
+
+
+def _signal_group(pid: int, sig: int) -> None:
+    try:
+        os.killpg(pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def log_name(node_rank: int) -> str:
+    """train.log on node 0; train-node<N>.log on the others (a shared run folder keeps them apart)."""
+    return LOG_FILE if node_rank == 0 else f"train-node{node_rank}.log"
+
+
+def log_tail(run_dir: str | os.PathLike, lines: int = 40, name: str = LOG_FILE) -> str:
+    path = Path(run_dir) / name
+    if not path.exists():
+        return ""
+    with open(path, "rb") as f:
+        f.seek(max(0, path.stat().st_size - 64_000))
+        text = f.read().decode("utf-8", errors="replace")
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def _parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m engine.launch.launcher", description="Run a PipeTrain run.json "
+                                     "headless. On several machines with cluster.no_ssh, run it on every node.")
+    parser.add_argument("config", help="the run's run.json")
+    parser.add_argument("--node_rank", type=int, help="this machine's node rank (0 = master); overrides run.json")
+    parser.add_argument("--master_addr", help="node 0's address, as every node reaches it; overrides run.json")
+    parser.add_argument("--master_port", type=int, help="node 0's rendezvous port; overrides run.json")
+    return parser.parse_args(argv)
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt  # SIGTERM (e.g. a cancelled SLURM job) stops the run like Ctrl+C
+
+
+def _main(argv: list[str]) -> int:
+    """Headless: launch the run described by a run.json on this node and wait, relaying its log."""
+    args = _parse(argv)
+    try:
+        cfg = RunConfig.load(args.config)
+        node = cluster.plan(cfg, args.node_rank, args.master_addr, args.master_port)
+        if node is not None:  # fail fast, before the slow torch import (spawn checks again)
+            cluster.check_master(node)
+        import torch
+
+        tail = EventTail(cfg.run_dir, start_at_end=True)
+        proc = spawn(cfg, os.path.abspath(args.config), cuda=torch.cuda.is_available(), node_rank=args.node_rank,
+                     master_addr=args.master_addr, master_port=args.master_port)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    log = Path(cfg.run_dir) / log_name(cfg.launch.cluster.node_rank if args.node_rank is None else args.node_rank)
+    print(f"training in {cfg.run_dir} (log: {log}); Ctrl+C stops after a checkpoint", flush=True)
+    signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        while proc.poll() is None:
+            time.sleep(1.0)
+    except KeyboardInterrupt:
+        request_cancel(cfg.run_dir)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            kill_tree(proc)
+    print(log_tail(cfg.run_dir, 20, log.name))
+    errors = [e for e in tail.read_new() if e.get("event") == "error"]
+    if errors:  # the engine's own explanation, clearer than the last lines of a traceback
+        print(f"error: {errors[0].get('message', '')}", file=sys.stderr)
+    return proc.returncode or 0
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv[1:]))

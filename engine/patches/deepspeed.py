@@ -1,0 +1,44 @@
+"""What PipeTrain changes in DeepSpeed's pipeline engine (engine/train/pipeline.py uses it).
+
+Each piece sets or overrides a private part of DeepSpeed 0.18's PipelineModule / PipelineEngine;
+tests/test_pipeline*.py compare pipelined runs with plain ones (losses, clipped gradients, LoRA),
+so a DeepSpeed release that renames one fails there.
+"""
+from __future__ import annotations
+
+
+def split_pipeline_module():
+    """PipelineModule that also takes the stage boundaries as given (partition_method 'manual')."""
+    from deepspeed.pipe import PipelineModule
+
+    class SplitPipelineModule(PipelineModule):
+        """PipelineModule that also takes the stage boundaries as given (partition_method 'manual')."""
+
+        def __init__(self, parts, **kwargs):
+            self._manual_parts = parts  # read by _partition_layers during PipelineModule.__init__
+            super().__init__(**kwargs)
+
+        def _partition_layers(self, method="uniform"):
+            if method != "manual":
+                return super()._partition_layers(method)
+            self.parts = list(self._manual_parts)
+            stage = self._topo.get_coord(self.global_rank).pipe
+            self._set_bounds(start=self.parts[stage], stop=self.parts[stage + 1])
+
+    return SplitPipelineModule
+
+
+def clip_by_the_whole_replica(params) -> None:
+    """DeepSpeed's clip_grad_norm_ sums the squared norm over the stages of a replica but counts only
+    the first stage's own parameters unless they are marked model-parallel: without this, a
+    pipelined run clips by stage 1's norm alone, unlike a plain run (tests/test_pipeline_chroma.py)."""
+    for p in params:
+        p.model_parallel = True
+
+
+def stage_backward(engine) -> None:
+    """Non-last stages backpropagate with torch.autograd.backward (DeepSpeed refuses unless this is
+    on); the gradient they receive is already divided by gas, so it is not divided again."""
+    engine._support_torch_style_backward = True
+    if not engine.is_last_stage():
+        engine._scale_wrt_gas = False

@@ -1,0 +1,65 @@
+"""Training checkpoints of a run: <run_dir>/checkpoints/step<N>/, the newest named by `latest`.
+
+Every rank writes its part (DeepSpeed's rule); the plain backend writes one state file
+(engine/train/plain.py). A resume loads the newest one and refuses a checkpoint made with another
+backend, model or LoRA shape. The newest KEEP_CHECKPOINTS stay on each node.
+"""
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch.distributed as tdist
+
+from ..config.run import write_text_atomic
+
+KEEP_CHECKPOINTS = 2
+
+
+def tag_for(step: int) -> str:
+    return f"step{step:06d}"
+
+
+def save_checkpoint(engine, root: Path, tag: str, client_state: dict[str, Any], deepspeed: bool) -> None:
+    """engine.save_checkpoint, with `latest` naming the tag only once every rank has written its part.
+
+    DeepSpeed's rank 0 writes `latest` right after its own files, before the closing barrier: a
+    node lost at that moment leaves `latest` naming a checkpoint without that node's stages. Here
+    it is written (temp-then-rename) after DeepSpeed's barrier instead.
+    """
+    if not deepspeed:  # the plain trainer writes its own `latest`, and is one process
+        engine.save_checkpoint(str(root), tag=tag, client_state=client_state, exclude_frozen_parameters=True)
+        return
+    engine.save_checkpoint(str(root), tag=tag, client_state=client_state, exclude_frozen_parameters=True,
+                           save_latest=False)
+    if tdist.get_rank() == 0:
+        write_text_atomic(root / "latest", tag)
+
+
+def resume(engine, root: Path, backend: str, signature: dict[str, Any]) -> int:
+    """Load the newest checkpoint under `root` into the engine; returns its step."""
+    check_backend(root, backend)
+    _, client = engine.load_checkpoint(str(root), load_module_strict=False)
+    if client.get("signature") != signature:
+        raise ValueError(f"checkpoint in {root} was made for {client.get('signature')}, this run is "
+                         f"{signature}: resume with the same model and LoRA settings, or start a new run.")
+    return int(client["step"])
+
+
+def check_backend(root: Path, backend: str) -> None:
+    """Refuse a checkpoint written by the other backend (DeepSpeed's layout vs the plain state file)."""
+    from .plain import STATE_FILE
+
+    tag = (root / "latest").read_text().strip()
+    plain = (root / tag / STATE_FILE).is_file()
+    if plain != (backend == "plain"):
+        writer = "without DeepSpeed" if plain else "with DeepSpeed"
+        raise ValueError(f"the checkpoint {root / tag} was written {writer}; this run uses backend '{backend}'. "
+                         "Resume with the same backend, or start a new run.")
+
+
+def prune(root: Path, keep: int = KEEP_CHECKPOINTS) -> None:
+    tags = sorted(p for p in root.glob("step*") if p.is_dir())
+    for old in tags[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)

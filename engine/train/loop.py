@@ -1,0 +1,275 @@
+"""The training loop. Read top to bottom: setup, resume, loop, save.
+
+Every rank runs this file (the DeepSpeed launcher starts one process per GPU, or per CPU
+"device" where there is no CUDA; without DeepSpeed it is one plain process). Rank 0 alone writes
+events, TensorBoard and LoRA files; every rank takes part in checkpoints (DeepSpeed's rule).
+"""
+from __future__ import annotations
+
+import os
+import signal
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+from ..config.run import RunConfig
+from ..events import EventLog
+from ..version import __version__
+from . import checkpoints, node_checks
+from . import distributed as dist
+
+CANCEL_FILE = "cancel"  # the node (or a user) creates <run_dir>/cancel to stop the run cleanly
+BLOCK_VERDICTS = ".block-verdicts.json"  # beside the run folders: engine/patches caches its probe verdicts there
+
+
+class _StopFlag:
+    """Set by SIGTERM/SIGINT, or by the cancel file; checked once per optimizer step."""
+
+    def __init__(self, run_dir: Path):
+        self.cancel_file = run_dir / CANCEL_FILE
+        self.signalled = False
+        # SIGBREAK: what Windows delivers for CTRL_BREAK_EVENT (engine/launch/launcher.py kill_tree).
+        for sig in (signal.SIGTERM, signal.SIGINT, getattr(signal, "SIGBREAK", None)):
+            if sig is not None:
+                signal.signal(sig, self._on_signal)
+
+    def _on_signal(self, signum, frame):
+        self.signalled = True
+
+    def requested(self) -> bool:
+        return self.signalled or self.cancel_file.exists()
+
+
+def main(config_path: str) -> int:
+    cfg = RunConfig.load(config_path)
+    from ..launch.comfy_bootstrap import import_comfy
+
+    import_comfy(cfg.comfyui_root)
+    device_type = "cuda" if torch.cuda.is_available() else "cpu"
+    if cfg.launch.backend == "deepspeed":
+        dist.init(device_type, cfg.launch.cluster.timeout_s)
+    if device_type == "cuda":
+        torch.cuda.set_device(dist.local_rank())
+        device = torch.device("cuda", dist.local_rank())
+    else:
+        device = torch.device("cpu")
+    events = EventLog(cfg.run_dir, enabled=dist.rank() == 0)
+    try:
+        node_checks.check_agreement(cfg)  # every node: same versions, run.json, files and checkpoint
+        return train(cfg, device, events)
+    except BaseException as e:  # report every failure before the launcher sees the exit code
+        EventLog(cfg.run_dir).emit("error", rank=dist.rank(), message=node_checks.failure_message(e, cfg),
+                                   traceback=traceback.format_exc(limit=20))
+        raise
+
+
+def train(cfg: RunConfig, device: torch.device, events: EventLog) -> int:
+    from ..cache.reader import CachedDataset
+    from ..memory.options import apply_memory_options
+    from ..models.loading import ModelLoadError, latent_channels, load_base_model
+    from ..patches.probe_batch import probe_forward
+    from ..patches.trainable import make_trainable
+    from .lora import inject_lora, lora_parameters, lora_state_dict, lora_tensors
+    from .objective import DiffusionObjective, apply_timestep_shift
+    from .optim import build_scheduler
+    from .optimizers import build_optimizer
+    from .sample_order import SampleStream, collate, steps_for_epochs
+
+    run_dir = Path(cfg.run_dir)
+    rank, world = dist.rank(), dist.world_size()
+    t = cfg.train
+    stop = _StopFlag(run_dir)
+    launched = time.time()
+
+    # ---- data -------------------------------------------------------------------------
+    dataset = CachedDataset(cfg.cache_dir)
+    stream = SampleStream([dataset.repeats(i) for i in range(len(dataset))], seed=t.seed, buckets=dataset.buckets(),
+                          batch=t.batch_size)  # batches never mix aspect buckets or caption lengths
+    replicas = world // cfg.memory.pipeline_stages  # data-parallel copies of the model
+    samples_per_step = t.batch_size * t.grad_accum * replicas
+    total_steps = t.steps if t.steps > 0 else steps_for_epochs(t.epochs, len(stream), samples_per_step)
+
+    # ---- model + LoRA -----------------------------------------------------------------
+    pipelined = cfg.memory.pipeline_stages > 1
+    # Pipelined: load on the CPU; DeepSpeed moves only this rank's stage to its GPU.
+    model = load_base_model(cfg, torch.device("cpu") if pipelined else device)
+    apply_timestep_shift(model, t.timestep_shift)
+    model.model_sampling.to(device)
+    cache_channels = dataset.latent_shape[0]
+    if cache_channels != latent_channels(model):
+        raise ModelLoadError(
+            f"the cache holds {cache_channels}-channel latents but {os.path.basename(cfg.model_path)} expects "
+            f"{latent_channels(model)}: cache the dataset with this model's VAE.")
+    # ComfyUI's training flag, and out-of-place block forwards only where the probe finds upstream's
+    # in place (engine/patches): before LoRA and the memory options wrap the blocks.
+    run_forward, context = probe_forward(DiffusionObjective(model, seed=t.seed), dataset, device)
+    make_trainable(model.diffusion_model, run_forward, device=device, context=context,
+                   cache_file=run_dir.parent / BLOCK_VERDICTS)
+    torch.manual_seed(t.seed)  # peft draws lora_A's initial values from the global RNG
+    targets = inject_lora(model.diffusion_model, cfg.lora)
+    # Checkpointing, block swap, compile; places the model on the device unless pipelined.
+    memory = apply_memory_options(model, cfg.memory, None if pipelined else device)
+    objective = DiffusionObjective(model, seed=t.seed, timestep_sampling=t.timestep_sampling,
+                                   t_range=(t.min_t, t.max_t))
+    if pipelined:
+        from . import pipeline
+
+        lora_names = {id(p): n for n, p in model.diffusion_model.named_parameters() if ".lora_" in n}
+        engine, adapter = pipeline.build_engine(cfg, model, objective,
+                                                lambda ps: build_optimizer(cfg.memory.optimizer, ps, t),
+                                                lambda opt: build_scheduler(opt, t, total_steps),
+                                                dataset=dataset, device=device)  # checked against apply_model
+        scheduler = engine.lr_scheduler
+        params = [p for p in engine.module.parameters() if p.requires_grad]
+    else:
+        params = lora_parameters(model.diffusion_model)
+        optimizer = build_optimizer(cfg.memory.optimizer, params, t)
+        scheduler = build_scheduler(optimizer, t, total_steps)
+        with memory.hidden():  # DeepSpeed moves the whole model to the GPU: not the swapped blocks
+            engine = _build_engine(cfg, objective, optimizer, scheduler)
+
+    # ---- resume -----------------------------------------------------------------------
+    ckpt_root = run_dir / "checkpoints"
+    signature = {"targets": len(targets), "rank": cfg.lora.rank, "model": os.path.basename(cfg.model_path)}
+    start_step = 0
+    if cfg.resume and (ckpt_root / "latest").exists():
+        start_step = checkpoints.resume(engine, ckpt_root, cfg.launch.backend, signature)
+
+    layout = node_checks.rank_layout(engine, pipelined)  # node, stage and replica of every rank
+    events.emit("started", step=start_step, total=total_steps, world_size=world, device=str(device),
+                lora_targets=len(targets), trainable_params=sum(p.numel() for p in params),
+                samples=len(stream), setup_seconds=round(time.time() - launched, 2), ranks=layout)
+    tb = _tensorboard(run_dir) if rank == 0 else None
+    from .samples import SampleRenderer
+    renderer = SampleRenderer.create(cfg, model, device, events, rank, memory)  # samples with the current LoRA (rank 0)
+    meta = _lora_metadata(cfg, dataset.fingerprint)
+    from .eval_set import EvalSet, report
+
+    # Held-out eval loss at fixed noise (engine/train/eval_set.py): a collective, on every rank at the same steps.
+    evaluator = EvalSet.create(cfg, objective, device, engine, pipelined, cache_channels)
+
+    def evaluate(step: int) -> None:
+        if evaluator is not None and cfg.eval.due(step, total_steps):
+            result = evaluator.run(engine, adapter if pipelined else None)
+            if rank == 0:
+                report(result, step, events, tb)
+
+    def save_lora(name: str, step: int) -> None:
+        # Pipelined, every stage holds part of the LoRA: gathering it is a collective on all ranks.
+        if pipelined:
+            named = pipeline.gather_lora(engine.module, lora_names)
+        else:
+            named = lora_tensors(model.diffusion_model) if rank == 0 else None
+        if named is not None:
+            from .lora import save_lora as write
+            path = run_dir / "lora" / name
+            write(path, lora_state_dict(named, cfg.lora), {**meta, "pipetrain_steps": str(step)})
+            events.emit("saved", step=step, path=str(path))
+
+    def save_checkpoint(step: int) -> None:
+        tag = checkpoints.tag_for(step)
+        checkpoints.save_checkpoint(engine, ckpt_root, tag, {"step": step, "signature": signature},
+                                    deepspeed=cfg.launch.backend == "deepspeed")
+        if dist.local_rank() == 0:  # every node prunes its own copy (no shared filesystem needed)
+            checkpoints.prune(ckpt_root)
+        if rank == 0:
+            events.emit("checkpoint", step=step, path=str(ckpt_root / tag))
+
+    # ---- loop ---------------------------------------------------------------------------
+    step = start_step
+    loss = float("nan")
+    if step == 0:
+        evaluate(0)  # eval.before_start: the loss before any training
+    while step < total_steps:
+        started = time.time()
+        lr = scheduler.get_last_lr()[0]
+        micro_losses = []
+        if pipelined:  # DeepSpeed runs all micro-batches of the step through the stages
+            micro_losses.append(float(engine.train_batch(
+                pipeline.micro_batches(cfg, engine, adapter, objective, dataset, stream, step, device))))
+        else:
+            for micro in range(t.grad_accum):
+                positions = SampleStream.positions(step, micro, rank, world, t.grad_accum, t.batch_size)
+                latents, conds, ids = collate(dataset, stream, positions, device)
+                # LoRA dropout draws from the global RNG: seed it from the position, like the noise.
+                torch.manual_seed(t.seed * 1_000_003 + positions[0])
+                micro_loss = engine(latents, conds, ids)
+                engine.backward(micro_loss)
+                engine.step()
+                micro_losses.append(micro_loss.item())
+        step += 1
+        loss = dist.mean(sum(micro_losses) / len(micro_losses), device)
+        events.emit("step", step=step, total=total_steps, loss=loss, lr=lr,
+                    seconds=round(time.time() - started, 4), **_gpu_memory(device))
+        if tb is not None:
+            tb.add_scalar("train/loss", loss, step)
+            tb.add_scalar("train/lr", lr, step)
+        evaluate(step)
+        if renderer is not None:
+            renderer.maybe_render(step, total_steps, stop.requested)
+        if t.save_every and step % t.save_every == 0 and step < total_steps:
+            save_lora(f"lora_step{step:06d}.safetensors", step)
+        cancel = dist.any_true(stop.requested(), device)
+        if cancel or (t.checkpoint_every and step % t.checkpoint_every == 0) or step == total_steps:
+            save_checkpoint(step)
+        if cancel:
+            save_lora(f"lora_step{step:06d}.safetensors", step)
+            events.emit("cancelled", step=step, total=total_steps, loss=loss)
+            _close(tb)
+            return 0
+
+    final = run_dir / "lora" / "lora_final.safetensors"
+    save_lora(final.name, step)
+    events.emit("done", step=step, total=total_steps, loss=loss, lora=str(final),
+                seconds=round(time.time() - launched, 2))
+    _close(tb)
+    return 0
+
+
+def _build_engine(cfg: RunConfig, objective: torch.nn.Module, optimizer, scheduler):
+    """DeepSpeed's engine (data parallel over the launched ranks), or the single-process one."""
+    t = cfg.train
+    if cfg.launch.backend == "plain":
+        from .plain import PlainTrainer
+
+        return PlainTrainer(objective, optimizer, scheduler, grad_accum=t.grad_accum, grad_clip=t.grad_clip)
+    import deepspeed
+
+    engine, _, _, _ = deepspeed.initialize(model=objective, optimizer=optimizer, lr_scheduler=scheduler,
+                                           config=dist.deepspeed_config(t))
+    return engine
+
+
+def _lora_metadata(cfg: RunConfig, fingerprint: str) -> dict[str, str]:
+    return {
+        "pipetrain_version": __version__,
+        "pipetrain_base_model": os.path.basename(cfg.model_path),
+        "pipetrain_rank": str(cfg.lora.rank),
+        "pipetrain_alpha": str(cfg.lora.effective_alpha),
+        "pipetrain_targets": cfg.lora.targets,
+        "pipetrain_dataset_fingerprint": fingerprint,
+        "pipetrain_run": cfg.run_name,
+    }
+
+
+def _tensorboard(run_dir: Path):
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:  # tensorboard is optional for headless use
+        return None
+    return SummaryWriter(log_dir=str(run_dir / "tensorboard"))
+
+
+def _gpu_memory(device: torch.device) -> dict[str, float]:
+    """Peak GPU memory so far (GiB), for the UI and the benchmarks; nothing on the CPU."""
+    if device.type != "cuda":
+        return {}
+    return {"peak_gib": round(torch.cuda.max_memory_allocated(device) / 2**30, 3),
+            "reserved_gib": round(torch.cuda.max_memory_reserved(device) / 2**30, 3)}
+
+
+def _close(tb) -> None:
+    if tb is not None:
+        tb.close()

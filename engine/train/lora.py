@@ -1,0 +1,138 @@
+"""LoRA on ComfyUI's diffusion modules: which layers, injecting peft adapters, and file I/O.
+
+Files use ComfyUI's key format so its stock LoRA loader applies them:
+    diffusion_model.<module path>.lora_A.weight   [rank, in]
+    diffusion_model.<module path>.lora_B.weight   [out, rank]
+    diffusion_model.<module path>.alpha           scalar, only when alpha != rank
+"""
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from ..config.checks import ConfigError
+from ..config.sections import LoraSpec
+from ..memory.blocks import block_roots
+from ..patches.peft import ADAPTER, compute_in_activation_dtype
+
+KEY_PREFIX = "diffusion_model."
+
+_ATTENTION = re.compile(r"attn|attention", re.IGNORECASE)
+_MLP = re.compile(r"^(.*_)?(mlp|ff|ffn|feed_forward|feedforward)(_.*)?$", re.IGNORECASE)
+# Single-stream blocks (Flux, Chroma, Hunyuan) fuse q/k/v + MLP-in into `linear1` and the attention
+# output + MLP-out into `linear2`: they are the attention layers of those blocks.
+_FUSED_ATTENTION = re.compile(r"^linear[12]$")
+
+
+def select_lora_targets(diffusion_model: nn.Module, spec: LoraSpec) -> list[str]:
+    """Module paths (relative to the diffusion model) of the linear layers that get a LoRA."""
+    roots = tuple(r + "." for r in block_roots(diffusion_model))
+    regex = re.compile(spec.target_regex) if spec.target_regex else None
+    targets = []
+    for name, module in diffusion_model.named_modules():
+        if not isinstance(module, nn.Linear) or not name.startswith(roots):
+            continue
+        parts = name.split(".")
+        is_attention = any(_ATTENTION.search(p) for p in parts) or (
+            bool(_FUSED_ATTENTION.match(parts[-1])) and any("single" in p for p in parts))
+        is_mlp = any(_MLP.match(p) for p in parts)
+        if spec.targets == "attention" and not is_attention:
+            continue
+        if spec.targets == "attention_mlp" and not (is_attention or is_mlp):
+            continue
+        if regex is not None and not regex.search(name):
+            continue
+        targets.append(name)
+    if not targets:
+        raise ConfigError(
+            f"LoRA target preset {spec.targets!r}"
+            + (f" with regex {spec.target_regex!r}" if spec.target_regex else "")
+            + " matched no linear layer in this model's blocks. Choose 'all_linear' or loosen the regex.")
+    return targets
+
+
+def inject_lora(diffusion_model: nn.Module, spec: LoraSpec) -> list[str]:
+    """Add trainable peft LoRA adapters in place; freeze everything else. Returns the targets."""
+    from peft import LoraConfig, inject_adapter_in_model
+
+    targets = select_lora_targets(diffusion_model, spec)
+    diffusion_model.requires_grad_(False)
+    config = LoraConfig(r=spec.rank, lora_alpha=spec.effective_alpha, lora_dropout=spec.dropout,
+                        target_modules=targets, init_lora_weights=True)
+    inject_adapter_in_model(config, diffusion_model, adapter_name=ADAPTER)
+    dtype = torch.bfloat16 if spec.dtype == "bfloat16" else torch.float32
+    for name, param in diffusion_model.named_parameters():
+        if ".lora_" in name:
+            param.data = param.data.to(dtype)
+            param.requires_grad_(True)
+    compute_in_activation_dtype(diffusion_model)
+    if spec.init_from:
+        load_lora_into(diffusion_model, spec.init_from)
+    return targets
+
+
+def lora_parameters(diffusion_model: nn.Module) -> list[nn.Parameter]:
+    return [p for n, p in diffusion_model.named_parameters() if ".lora_" in n]
+
+
+def _peft_to_comfy_key(name: str) -> str:
+    # "blocks.0.attn.q.lora_A.default.weight" -> "diffusion_model.blocks.0.attn.q.lora_A.weight"
+    return KEY_PREFIX + name.replace(f".{ADAPTER}.", ".")
+
+
+def lora_tensors(diffusion_model: nn.Module) -> dict[str, torch.Tensor]:
+    """The LoRA parameters by their (peft) module path, as contiguous CPU copies."""
+    return {name: param.detach().to("cpu").contiguous().clone()
+            for name, param in diffusion_model.named_parameters() if ".lora_" in name}
+
+
+def lora_state_dict(named: dict[str, torch.Tensor], spec: LoraSpec) -> dict[str, torch.Tensor]:
+    """LoRA tensors by module path -> ComfyUI's key format (+ alpha when it is not the rank)."""
+    out = {_peft_to_comfy_key(name): tensor for name, tensor in named.items()}
+    if spec.effective_alpha != spec.rank:
+        for key in [k for k in out if k.endswith(".lora_A.weight")]:
+            out[key[: -len(".lora_A.weight")] + ".alpha"] = torch.tensor(spec.effective_alpha)
+    return out
+
+
+def save_lora(path: str | os.PathLike, tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> None:
+    """Write a LoRA file atomically (temp file in the same folder, then rename)."""
+    from safetensors.torch import save_file
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    save_file(tensors, str(tmp), metadata={k: str(v) for k, v in metadata.items()})
+    os.replace(tmp, path)
+
+
+def load_lora_into(diffusion_model: nn.Module, path: str) -> None:
+    """Start from an existing ComfyUI-format LoRA: copy its A/B weights into our adapters."""
+    from safetensors.torch import load_file
+
+    try:
+        saved = load_file(path)
+    except Exception as e:  # safetensors raises several types for a broken file
+        raise ConfigError(f"cannot read the starting LoRA {path}: {e}. Pick another file or 'none'.") from e
+    params = dict(diffusion_model.named_parameters())
+    matched = 0
+    for name, param in params.items():
+        if ".lora_" not in name:
+            continue
+        key = _peft_to_comfy_key(name)
+        if key not in saved:
+            continue
+        if saved[key].shape != param.shape:
+            raise ConfigError(
+                f"starting LoRA {path}: {key} has shape {tuple(saved[key].shape)}, this run needs "
+                f"{tuple(param.shape)}. Use the same rank and targets as that LoRA, or start from 'none'.")
+        with torch.no_grad():
+            param.copy_(saved[key].to(param.dtype))
+        matched += 1
+    if matched == 0:
+        raise ConfigError(f"starting LoRA {path} has no weights for this model's targets: "
+                          "it was trained for another model or other layers. Start from 'none'.")

@@ -1,0 +1,166 @@
+"""Pipeline parallelism: the model cut into stages over GPUs, data parallel over the rest.
+
+The world of N ranks is a grid of `pipeline_stages` x (N / pipeline_stages) data-parallel
+replicas. DeepSpeed's PipelineEngine runs the micro-batches of one optimizer step through the
+stages (train_batch); our part is the layer list (engine/models/<family>.py), the data each
+replica feeds, and gathering the LoRA, which is spread over the stages, into one file.
+
+DeepSpeed trap (GPU-BASELINE.md): with a LoRA and no ZeRO, its PipelineEngine only runs with
+torch-style backward enabled, and then non-last stages would divide gradients by the
+accumulation steps a second time (the loss the last stage backpropagates is already divided).
+`build_engine` switches that second division off; tests/test_pipeline.py compares pipelined
+gradients with single-process ones at gas 1, 4 and 8, which catches any such scaling error.
+"""
+from __future__ import annotations
+
+import sys
+from typing import Iterator
+
+import torch
+import torch.distributed as tdist
+
+from ..config.checks import ConfigError, split_points
+from ..config.run import RunConfig
+from ..patches import deepspeed as ds_patches
+from .distributed import deepspeed_config
+from .objective import DiffusionObjective, native_loss
+from .sample_order import SampleStream, collate
+
+
+def build_engine(cfg: RunConfig, model, objective: DiffusionObjective, optimizer_factory, scheduler_factory,
+                 dataset=None, device: torch.device | None = None):
+    """The PipelineEngine for this rank's stage. Returns (engine, adapter).
+
+    dataset (with device): the cache, whose first item the stage layers are checked on against
+    ComfyUI's apply_model before anything is cut (engine/models/stage_check.py); a mismatch is refused."""
+    import deepspeed
+
+    from ..models import adapter_for
+
+    stages = cfg.memory.pipeline_stages
+    world = tdist.get_world_size()
+    if world % stages:
+        raise ConfigError(f"{world} processes cannot be split into {stages} pipeline stages: use a number of GPUs "
+                          f"divisible by pipeline_stages ({stages}).")
+    adapter = adapter_for(model)
+    layers = [_BoundarySafe(layer) for layer in adapter.layers(model)]
+    if dataset is not None:
+        from ..models.stage_check import check_stage_layers
+
+        check_stage_layers(adapter, model, layers, objective, dataset, device or torch.device("cpu"))
+    parts, cut = stage_bounds(cfg.memory.pipeline_split, stages, len(layers)), "memory.pipeline_split"
+    if parts is None:
+        parts, cut = default_bounds(adapter.partition, stages, len(layers)), _CUTS[adapter.partition]
+    module = ds_patches.split_pipeline_module()(parts, layers=layers, num_stages=stages,
+                                                loss_fn=lambda out, labels: native_loss(out, *labels),
+                                                partition_method="manual" if parts else adapter.partition)
+    start, stop = module.parts[module.stage_id], module.parts[module.stage_id + 1]
+    print(f"pipeline stage {module.stage_id + 1}/{stages}: layers {start}-{stop - 1} of {len(layers)} ({cut})",
+          file=sys.stderr, flush=True)
+    params = [p for p in module.parameters() if p.requires_grad]
+    if not params:
+        fixes = "move memory.pipeline_split so that every stage holds at least one block, or use fewer pipeline_stages"
+        if cfg.lora.targets != "all_linear":
+            fixes += ", or the 'all_linear' targets"
+        raise ConfigError(f"pipeline stage {module.stage_id + 1}/{stages} (layers {start}-{stop - 1} of {len(layers)}) "
+                          f"holds no LoRA weights with these LoRA targets ({cfg.lora.targets}): {fixes}.")
+    ds_patches.clip_by_the_whole_replica(params)
+    optimizer = optimizer_factory(params)
+    engine, _, _, _ = deepspeed.initialize(model=module, optimizer=optimizer, lr_scheduler=scheduler_factory(optimizer),
+                                           config=deepspeed_config(cfg.train))
+    ds_patches.stage_backward(engine)
+    return engine, adapter
+
+
+_CUTS = {"uniform": "the same number of layers per stage", "parameters": "balanced by parameter count"}
+
+
+def stage_bounds(split: str, stages: int, layer_count: int) -> list[int] | None:
+    """DeepSpeed's `parts` ([0, start of stage 2, ..., layer_count]) from memory.pipeline_split, or
+    None for the adapter's own cut (its `partition`). Transformer adapters use DeepSpeed's 'uniform'
+    cut, the same number of layers per stage: the blocks of one model cost
+    about the same (Flux's double and single blocks do the same matmul work per token although a double
+    block holds 2.4x the parameters), so equal layer counts balance the work where a cut by parameter
+    count does not: on Flux-dev it left 17 blocks on stage 1 and 40 on stage 2 (docs/benchmarks.md)."""
+    points = split_points(split, stages)
+    if not points:
+        return None
+    if points[-1] >= layer_count:
+        raise ConfigError(f"memory.pipeline_split {split!r}: this model has {layer_count} pipeline layers (0 = "
+                          f"embedding, 1..{layer_count - 2} = blocks, {layer_count - 1} = head), so every split point "
+                          f"must be between 1 and {layer_count - 1}. Lower the indices or leave it empty.")
+    return [0, *points, layer_count]
+
+
+def default_bounds(partition: str, stages: int, layer_count: int) -> list[int] | None:
+    """The adapter's own cut as DeepSpeed's `parts`, or None to let DeepSpeed cut by parameter count.
+
+    'uniform' is DeepSpeed's equal layer counts, unless that leaves a stage holding the embedding or
+    the head alone (10 layers on 8 stages: the head would be stage 8's only layer, with no LoRA to
+    train); then the blocks are shared out equally and the embedding and head join the first and
+    last stage."""
+    if partition != "uniform":
+        return None
+    from deepspeed.runtime.utils import partition_uniform
+
+    parts = list(partition_uniform(layer_count, stages))
+    blocks = layer_count - 2  # layer 0 embeds, the last is the head
+    if all(stop - start > 1 or 1 <= start <= blocks for start, stop in zip(parts, parts[1:])):
+        return parts
+    if blocks < stages:
+        raise ConfigError(f"pipeline_stages is {stages} but this model has only {blocks} blocks to share out: use at "
+                          f"most {blocks} stages.")
+    return [0, *[1 + i * blocks // stages for i in range(1, stages)], layer_count]
+
+
+class _BoundarySafe(torch.nn.Module):
+    """A stage layer whose outputs can cross a stage boundary: contiguous, floats in autograd.
+
+    DeepSpeed backpropagates through every float tensor a stage sends and expects a gradient for
+    every float tensor a stage receives; tensors computed without grad (rope frequencies, time
+    embeddings of a frozen model) would break both. Making them leaves that require grad is free.
+    It sends tensors as they are, and the process group refuses a strided view (a patch embedding's
+    transpose, say: "input tensor has to be contiguous"); .contiguous() copies only such views.
+    """
+
+    def __init__(self, layer: torch.nn.Module):
+        super().__init__()
+        self.layer = layer
+
+    def forward(self, inputs):
+        out = self.layer(inputs)
+        if torch.is_tensor(out):
+            return out.contiguous()
+        out = tuple(t.contiguous() for t in out)
+        return tuple(t.requires_grad_() if t.is_floating_point() and not t.requires_grad else t for t in out)
+
+
+def micro_batches(cfg: RunConfig, engine, adapter, objective: DiffusionObjective, dataset, stream: SampleStream,
+                  step: int, device: torch.device) -> Iterator[tuple[tuple, tuple]]:
+    """The gas micro-batches of one optimizer step for this rank's data-parallel replica.
+
+    Same positions (so the same samples and noise) as the data-parallel path with
+    world = number of replicas: a pipelined run repeats a single-process run exactly.
+    """
+    t = cfg.train
+    replica, replicas = engine.grid.get_data_parallel_rank(), engine.grid.get_data_parallel_world_size()
+    for micro in range(t.grad_accum):
+        positions = SampleStream.positions(step, micro, replica, replicas, t.grad_accum, t.batch_size)
+        latents, conds, ids = collate(dataset, stream, positions, device)
+        prepared = objective.prepare(latents, conds, ids)
+        inputs = tuple(x.contiguous() for x in adapter.first_stage_inputs(prepared))
+        labels = (prepared.x0, prepared.scale) + (() if prepared.weight is None else (prepared.weight,))
+        yield inputs, tuple(x.contiguous() for x in labels)  # weight: a denoise mask, as native_loss takes it
+
+
+def gather_lora(module: torch.nn.Module, names: dict[int, str]) -> dict[str, torch.Tensor] | None:
+    """Every stage's LoRA tensors, merged on global rank 0 (None elsewhere)."""
+    mine = {names[id(p)]: p.detach().to("cpu").contiguous().clone() for p in module.parameters() if id(p) in names}
+    parts = [None] * tdist.get_world_size()
+    tdist.all_gather_object(parts, mine)
+    if tdist.get_rank() != 0:
+        return None
+    merged: dict[str, torch.Tensor] = {}
+    for part in parts:
+        merged.update(part)
+    return merged
