@@ -5,7 +5,7 @@ ComfyUI's own LoRA loader loads it back.
     COMFYUI_PATH=... python benchmarks/families_gpu.py --work /tmp/fam --families flux_dev,ltxv_2b --blocks 0
     COMFYUI_PATH=... python benchmarks/families_gpu.py --work /tmp/fam --tiny        # CPU dry run (tiny Wan), < 1 min
 
-The CI tests (tests/test_families.py) train every family on tiny widths on the CPU. This script checks
+The CI tests (tests/with_comfy/test_families.py) train every family on tiny widths on the CPU. This script checks
 what they cannot: the released widths (head sizes, text widths, channel counts ComfyUI's detection
 reads from a real file), bf16 on CUDA with PyTorch attention, and the engine's loading path. For
 each shape of benchmarks/model_shapes.py it writes a random bf16 file of the shape cut to --blocks

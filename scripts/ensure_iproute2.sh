@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The multi-node tests (tests/test_multinode.py) simulate two hosts with network namespaces: they
+# The multi-node tests (tests/training/test_multinode.py) simulate two hosts with network namespaces: they
 # need iproute2's `ip` and root. Install iproute2 where it is missing and apt can (CI runs as root
 # on Debian); elsewhere only say what is missing. Output goes to stderr (bootstrap.sh's stdout is
 # the ComfyUI path).

@@ -1,4 +1,4 @@
-"""Checks the pipeline adapter tests share (tests/test_pipeline_<family>.py): ComfyUI's own prediction,
+"""Checks the pipeline adapter tests share (tests/with_comfy/test_pipeline_<family>.py): ComfyUI's own prediction,
 the adapter's stage layers run one after another on one process, their output and LoRA gradients
 against ComfyUI's, the inputs an adapter refuses, that exactly one adapter takes a model, and a plain
 run against a 2-stage pipeline of real DeepSpeed gloo ranks.

@@ -1,6 +1,6 @@
 """Tiny random-init configs of every model family ComfyUI 0.3.75 has, and per-item conditioning
 in the form the latent cache holds it (engine/cache/format.py: ComfyUI's cond names, batch dim
-removed), for tests/test_families_*.py.
+removed), for tests/with_comfy/test_families_*.py.
 
 The configs are the smallest ones ComfyUI's classes accept (MODEL-NOTES.md, "Tiny recipe"), written
 as ComfyUI 0.3.75 takes them (`Family.recipe`); `Family.config` adds what a newer host's classes

@@ -7,7 +7,7 @@
 // The state, smoothing and drawing live in chart.js (pure, unit-tested under node).
 // Only the frontend's public extension API is used: `app` and `api` from scripts/app.js and
 // scripts/api.js, the registerExtension hooks, LiteGraph's node.addDOMWidget and api events. Other
-// scripts/*.js modules are the frontend's internals (tests/test_ui_chart.py fails on an import of one).
+// scripts/*.js modules are the frontend's internals (tests/unit/test_ui_chart.py fails on an import of one).
 import { app } from "../../scripts/app.js";
 import { api } from "../../scripts/api.js";
 import { applyMessage, drawChart, emptyRun, stateFromSnapshot, statusLine } from "./chart.js";

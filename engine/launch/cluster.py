@@ -12,7 +12,7 @@ Rank layout: DeepSpeed numbers ranks node by node in hostfile order (node 0 hold
 replicas + replica). So when the replicas (GPUs / pipeline_stages) divide g, each stage's
 data-parallel group sits on one node (the gradient all-reduce stays on the fast local links) and
 only activations between stages cross the network: 2 nodes x 2 GPUs with 2 stages puts stage 0 on
-node 0 and stage 1 on node 1 (tests/test_multinode.py asserts it).
+node 0 and stage 1 on node 1 (tests/training/test_multinode.py asserts it).
 """
 from __future__ import annotations
 

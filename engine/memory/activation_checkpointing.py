@@ -94,7 +94,7 @@ def _checkpointed(forward, offloader: ActivationOffloader | None, random: bool):
         with saving:
             # Saving and restoring the RNG state costs host time on every block (Flux-dev with per-block
             # compile on an H200: 0.69 s/step with it, 0.54-0.62 without); keep it only where a
-            # dropout needs it (tests/test_checkpointing_rng.py).
+            # dropout needs it (tests/with_comfy/test_checkpointing_rng.py).
             return checkpoint(call, *args, *(kwargs[k] for k in names), use_reentrant=False,
                               preserve_rng_state=random)
     return run

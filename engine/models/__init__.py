@@ -4,7 +4,7 @@ and the pipeline adapters, one file per model family, are registered here by nam
 An adapter cuts ComfyUI's diffusion model into a sequential list of stage layers
 (embed -> blocks -> head) for DeepSpeed's PipelineModule. Each layer takes and returns a tuple of
 tensors; the first takes `first_stage_inputs(prepared)`, the last returns ComfyUI's denoised
-prediction, exactly as `BaseModel.apply_model` would (tests/test_pipeline*.py prove it per adapter, and
+prediction, exactly as `BaseModel.apply_model` would (tests/*/test_pipeline*.py prove it per adapter, and
 engine/models/stage_check.py checks it again at the start of every pipelined run, on the host ComfyUI).
 Where ComfyUI versions differ, an adapter follows what the host's objects have (a block's options,
 a model's methods or settings), not a version number.

@@ -4,7 +4,7 @@ ComfyUI's model code calls attention through module-level names imported from
 comfy.ldm.modules.attention (`optimized_attention`, `attention_pytorch`, ...). Those names are
 rebound, in the training process only, to torch.compiler.disable wrappers of the same functions,
 in every loaded comfy.ldm module: dynamo breaks the graph around each call and runs it eagerly.
-tests/test_memory_block_swap.py checks that compiled blocks give the same gradients.
+tests/with_comfy/test_memory_block_swap.py checks that compiled blocks give the same gradients.
 """
 from __future__ import annotations
 

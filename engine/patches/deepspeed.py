@@ -1,7 +1,7 @@
 """What PipeTrain changes in DeepSpeed's pipeline engine (engine/train/pipeline.py uses it).
 
 Each piece sets or overrides a private part of DeepSpeed 0.18's PipelineModule / PipelineEngine;
-tests/test_pipeline*.py compare pipelined runs with plain ones (losses, clipped gradients, LoRA),
+tests/*/test_pipeline*.py compare pipelined runs with plain ones (losses, clipped gradients, LoRA),
 so a DeepSpeed release that renames one fails there.
 """
 from __future__ import annotations
@@ -31,7 +31,7 @@ def split_pipeline_module():
 def clip_by_the_whole_replica(params) -> None:
     """DeepSpeed's clip_grad_norm_ sums the squared norm over the stages of a replica but counts only
     the first stage's own parameters unless they are marked model-parallel: without this, a
-    pipelined run clips by stage 1's norm alone, unlike a plain run (tests/test_pipeline_chroma.py)."""
+    pipelined run clips by stage 1's norm alone, unlike a plain run (tests/with_comfy/test_pipeline_chroma.py)."""
     for p in params:
         p.model_parallel = True
 

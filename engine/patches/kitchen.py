@@ -10,7 +10,7 @@ This fix registers, for each such op that comfy-kitchen's eager backend also imp
 torch, a backward that recomputes the eager implementation under autograd and differentiates it
 (a vector-Jacobian product of the very function the op computes). The forward is untouched: the
 fused kernel still runs. The probe admits the fix per block class like any other (same output as
-before, backward runs, checkpointed gradients equal plain ones), and tests/test_patches.py checks
+before, backward runs, checkpointed gradients equal plain ones), and tests/with_comfy/test_patches.py checks
 the gradients against autograd through the eager code.
 """
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 peft casts each LoRA layer's input to the LoRA weights' dtype and adds the result in that dtype.
 Every LoRA layer injected by the engine gets a subclass of peft's `Linear` whose forward casts the
-(small) LoRA weights to the input's dtype instead; tests/test_lora_layer.py compares it with
+(small) LoRA weights to the input's dtype instead; tests/unit/test_lora_layer.py compares it with
 peft's own forward, so a peft release that changes the layer fails there.
 """
 from __future__ import annotations

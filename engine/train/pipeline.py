@@ -8,7 +8,7 @@ replica feeds, and gathering the LoRA, which is spread over the stages, into one
 DeepSpeed trap (GPU-BASELINE.md): with a LoRA and no ZeRO, its PipelineEngine only runs with
 torch-style backward enabled, and then non-last stages would divide gradients by the
 accumulation steps a second time (the loss the last stage backpropagates is already divided).
-`build_engine` switches that second division off; tests/test_pipeline.py compares pipelined
+`build_engine` switches that second division off; tests/training/test_pipeline.py compares pipelined
 gradients with single-process ones at gas 1, 4 and 8, which catches any such scaling error.
 """
 from __future__ import annotations

@@ -1,5 +1,5 @@
 // Unit tests of web/chart.js (pure code: state reducer, smoothing, ETA, ticks, layout, drawing).
-// Run: node --test tests/ui/   (tests/test_ui_chart.py runs them in CI)
+// Run: node --test tests/ui/   (tests/unit/test_ui_chart.py runs them in CI)
 import assert from "node:assert/strict";
 import { test } from "node:test";
 import {

@@ -1,6 +1,6 @@
 // Open each UI-format example workflow in the real frontend, the way a user does, and print what the
 // editor would queue for it (app.graphToPrompt) plus any node type the frontend does not know.
-// tests/test_example_workflows.py compares the result with the workflow's API twin.
+// tests/e2e/test_example_workflows.py compares the result with the workflow's API twin.
 //
 //   node tests/ui/workflow_prompts.mjs <comfyui url> <workflow.json>...
 import fs from "node:fs";

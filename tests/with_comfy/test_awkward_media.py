@@ -4,7 +4,7 @@ formats that are reported instead of silently ignored, and video oddities (displ
 picture named .mp4, animated images in a video dataset, masks of videos). Every file is made here.
 
 Real node functions, real (tiny, random) ComfyUI VAEs and CLIP, in process; the end-to-end
-server run for awkward datasets is tests/test_awkward_datasets.py's slow test.
+server run for awkward datasets is tests/e2e/test_awkward_datasets.py's slow test.
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Pipeline parallelism (Flux adapter): the stage layers, run one after another, equal ComfyUI's
 apply_model bit for bit, and give the same LoRA gradients.
 
-No 2-process DeepSpeed run here (unlike tests/test_pipeline.py for Wan): ComfyUI only detects a
+No 2-process DeepSpeed run here (unlike tests/training/test_pipeline.py for Wan): ComfyUI only detects a
 Flux file at the real widths (hidden 3072), and even a 1+1-block file of that width is too slow for
 CPU tests. The stage boundaries are plain tuples of tensors, so the DeepSpeed mechanics the Wan test
 covers are the same; what is Flux-specific (the math of each stage) is checked here.
@@ -122,7 +122,7 @@ def test_unsupported_flux_variants_are_refused(comfy):
         adapter_for(fill).layers(fill)
 
 
-def test_flux2_is_not_taken_by_the_flux_adapter(comfy):  # it has its own: tests/test_pipeline_flux2.py
+def test_flux2_is_not_taken_by_the_flux_adapter(comfy):  # it has its own: tests/with_comfy/test_pipeline_flux2.py
     import comfy.supported_models as sm
     from PipeTrain.engine.models import adapter_for
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 import model_shapes as ms  # noqa: E402
 from pack import load_pack  # noqa: E402
@@ -142,7 +142,7 @@ def test_shallow_models_run_at_the_released_resolution_on_meta(comfy_root):
     import subprocess
 
     names = [n for n in NEW if n != "hidream_i1_full"]
-    bench = Path(__file__).resolve().parent.parent / "benchmarks"
+    bench = Path(__file__).resolve().parents[2] / "benchmarks"
     done = subprocess.run([sys.executable, "model_shapes.py", *names], cwd=bench, capture_output=True, text=True,
                           env={**os.environ, "COMFYUI_PATH": comfy_root}, timeout=600)
     lines = [line for line in done.stdout.splitlines() if line.split(":")[0] in names]

@@ -118,7 +118,7 @@ def chroma_files(comfy, tmp_path_factory):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("grad_accum", [1])  # gas 4: tests/test_pipeline_qwen_image.py (same engine path)
+@pytest.mark.parametrize("grad_accum", [1])  # gas 4: tests/with_comfy/test_pipeline_qwen_image.py (same engine path)
 def test_two_stage_pipeline_trains_like_one_process(tmp_path, comfy_root, chroma_files, grad_accum, monkeypatch):
     """2 DeepSpeed gloo ranks, one stage each: same losses and saved LoRA as one plain process
     (tests/tiny_detected.py: ComfyUI loads the tiny file into its own classes). Its gradient norm is

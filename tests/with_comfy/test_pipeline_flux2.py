@@ -3,7 +3,7 @@ apply_model bit for bit and give the same LoRA gradients.
 
 The models are ComfyUI's own classes (comfy.supported_models.Flux2) built from the tiny config of
 tests/family_configs.py. No 2-process run here: ComfyUI's detection pins Flux.2's widths, and the
-stage boundaries are the same plain tuples of tensors tests/test_pipeline_chroma.py runs through
+stage boundaries are the same plain tuples of tensors tests/with_comfy/test_pipeline_chroma.py runs through
 real DeepSpeed ranks.
 """
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The edit and video example workflows, run as shipped: their API twins (example_workflows/api/) go
 through POST /prompt to a real ComfyUI server, train a LoRA on the demo's random-init files
 (tools/tiny_families.py: a Flux Kontext and a HunyuanVideo that ComfyUI's own loaders detect), save
-it, and sample with and without it. The image workflow is tests/test_comfy_e2e.py's."""
+it, and sample with and without it. The image workflow is tests/e2e/test_comfy_e2e.py's."""
 from __future__ import annotations
 
 import json
@@ -15,7 +15,7 @@ from tools.comfy_server import PACK_NAME
 from tools.tiny_assets import write_demo_base
 
 pytestmark = [pytest.mark.slow, pytest.mark.core]
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 WORKFLOWS = REPO / "example_workflows"
 
 
@@ -93,7 +93,7 @@ def test_the_three_workflows_are_listed_in_the_template_browser(comfy_server):
     listed = requests.get(comfy_server.url + "/api/workflow_templates", timeout=30).json()
     names = listed.get(PACK_NAME, [])
     expected = {"train_lora_then_test", "train_edit_lora_then_test", "train_video_lora_then_test"}
-    assert set(names) == expected, listed  # tests/test_package.py checks each against its API twin
+    assert set(names) == expected, listed  # tests/unit/test_package.py checks each against its API twin
     for name in expected:
         thumb = requests.get(f"{comfy_server.url}/api/workflow_templates/{PACK_NAME}/{name}.jpg", timeout=30)
         assert thumb.status_code == 200 and thumb.content == (WORKFLOWS / f"{name}.jpg").read_bytes(), name

@@ -4,7 +4,7 @@ another, equal ComfyUI's apply_model bit for bit and give the same LoRA gradient
 
 The models are ComfyUI's own classes (comfy.supported_models.<Class>) built from the tiny configs of
 tests/family_configs.py. No 2-process run here: ComfyUI's detection pins these families' widths, and
-the stage boundaries are the same plain tuples of tensors tests/test_pipeline_chroma.py runs through
+the stage boundaries are the same plain tuples of tensors tests/with_comfy/test_pipeline_chroma.py runs through
 real DeepSpeed ranks.
 """
 from __future__ import annotations

@@ -28,7 +28,7 @@ from PipeTrain.engine.cache.reader import CachedDataset
 from PipeTrain.engine.config.checks import ConfigError  # noqa: E402
 from test_awkward_datasets import png_bytes  # noqa: E402
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 PENULTIMATE, LAST = "clip_vision_output.penultimate_hidden_states", "clip_vision_output.last_hidden_state"
 
 

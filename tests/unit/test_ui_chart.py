@@ -9,7 +9,7 @@ from pathlib import Path
 
 from tools.node_runtime import node_binary
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 WEB = REPO / "web"
 # ComfyUI serves WEB_DIRECTORY at /extensions/<pack folder>/ and its frontend's modules at /scripts/.
 SERVED_AT = "/extensions/PipeTrain/"

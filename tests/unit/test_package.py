@@ -10,7 +10,7 @@ import pytest
 
 from PipeTrain.engine.version import __version__
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_versions_agree():

@@ -88,7 +88,7 @@ def test_node_refuses_bad_values_with_the_setting_named():
 def test_example_workflows_memory_nodes_are_valid():
     from pathlib import Path
 
-    graphs = sorted((Path(__file__).parent.parent / "example_workflows").glob("**/*_api.json"))
+    graphs = sorted((Path(__file__).parents[2] / "example_workflows").glob("**/*_api.json"))
     nodes = [n for g in graphs for n in json.loads(g.read_text()).values()
              if n.get("class_type") == "PipeTrainMemoryOptions"]
     assert nodes, graphs

@@ -4,7 +4,7 @@ apply_model bit for bit and give the same LoRA gradients; unsupported inputs are
 Built from ComfyUI's own HiDream classes (comfy.supported_models.HiDream) with a tiny config
 (tests/family_configs.py): every block reads its own Llama layer (llama_layers), and the feed-forwards
 are MoE with data-dependent routing. The 2-process engine path is the same as for the other adapters
-(tests/test_pipeline_sd3.py, tests/test_pipeline_chroma.py).
+(tests/with_comfy/test_pipeline_sd3.py, tests/with_comfy/test_pipeline_chroma.py).
 """
 from __future__ import annotations
 

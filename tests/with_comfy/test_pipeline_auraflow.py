@@ -3,7 +3,7 @@ apply_model bit for bit and give the same LoRA gradients; unsupported inputs are
 
 Built from ComfyUI's own AuraFlow classes (comfy.supported_models.AuraFlow) with a tiny config
 (tests/family_configs.py). The 2-process engine path is the same as for the other adapters
-(tests/test_pipeline_sd3.py, tests/test_pipeline_chroma.py).
+(tests/with_comfy/test_pipeline_sd3.py, tests/with_comfy/test_pipeline_chroma.py).
 """
 from __future__ import annotations
 

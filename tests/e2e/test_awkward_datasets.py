@@ -489,7 +489,7 @@ def test_server_trains_on_a_mixed_dataset_and_names_the_file_when_all_are_broken
     (mixed / "noise.jpg").write_bytes(os.urandom(500))
     (mixed / "damaged_pixels.png").write_bytes(png_bytes(RES, RES, 8, 2, idat=b"\x78\x9c" + os.urandom(300)))
     write_video(mixed / "clip.mp4")
-    Image.new("RGB", (RES, RES)).save(mixed / "scan.tga")  # issue 3 additions (tests/test_awkward_media.py)
+    Image.new("RGB", (RES, RES)).save(mixed / "scan.tga")  # issue 3 additions (tests/with_comfy/test_awkward_media.py)
     (mixed / "typo_caption.txt").write_text("matches no image")
     first = sorted(p for p in mixed.iterdir() if p.suffix == ".png" and p.stat().st_size)[0]
     first.with_suffix(".txt").write_text("word " * 100_000)  # cut to MAX_CAPTION_CHARS, not a stall

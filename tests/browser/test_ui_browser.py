@@ -18,7 +18,7 @@ from engine_runs import engine_processes
 from tools.node_runtime import node_binary
 
 pytestmark = [pytest.mark.slow, pytest.mark.core]
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_run_chart_samples_reload_and_cancel_in_the_browser(comfy_server, demo_base):

@@ -1,4 +1,4 @@
-"""Awkward inputs beyond tests/test_awkward_datasets.py and tests/test_awkward_media.py: caption files
+"""Awkward inputs beyond tests/e2e/test_awkward_datasets.py and tests/with_comfy/test_awkward_media.py: caption files
 that are pipes, devices or pictures, phone photos stored as MPO, TIFF orientation, PostScript under
 an image name, damaged EXIF, media without a known extension, kohya-style folder trees, videos with
 transparency or a web page under a video name, and masks that leave nothing to train.

@@ -13,7 +13,7 @@ from PIL import Image
 from tools.demo import demo_prompt
 
 pytestmark = pytest.mark.slow
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 NEW_NODES = ["PipeTrainLossPlot", "PipeTrainSampleGrid"]
 
 

@@ -4,7 +4,7 @@ apply_model bit for bit and give the same LoRA gradients; unsupported inputs are
 Built from ComfyUI's own SD3 classes (comfy.supported_models.SD3) with a tiny config
 (tests/family_configs.py). ComfyUI detects an SD3 file only from full-size keys, so there is no
 2-process engine run here; the engine path is the same as for the other adapters
-(tests/test_pipeline_chroma.py, tests/test_pipeline_qwen_image.py).
+(tests/with_comfy/test_pipeline_chroma.py, tests/with_comfy/test_pipeline_qwen_image.py).
 """
 from __future__ import annotations
 
