@@ -11,22 +11,21 @@ from __future__ import annotations
 import logging
 import time
 
+from ..engine.cache.encoders import cache_identity
 from ..engine.cache.first_frame import DEFAULT_STYLE, STYLES
-from ..engine.cache.format import CacheError, remove_cache  # noqa: F401 (CacheError: callers' import path)
+from ..engine.cache.format import CacheError, remove_cache
 
 # the per-item encoding lives in the engine (engine/cache/items.py), shared with its cache mode
 from ..engine.cache.items import CONTROL_STYLES, ItemOptions, control_style_conflict
-from ..engine.cache.writer import (  # noqa: F401
+from ..engine.cache.writer import (
     encode_shard,
     find_trusted_cache,
     finish_cache,
     plan_cache,
-    previous_items,
     write_item,
 )
 from ..engine.data.scan import DatasetSpec
 from . import compat
-from .encoder_identity import cache_identity
 from .types import CACHE, DATASET
 
 log = logging.getLogger("PipeTrain")

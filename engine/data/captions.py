@@ -1,5 +1,5 @@
 """Reading one caption file: its text, and the warning kind (engine/data/messages.py) when
-something about it was off. Pure Python; engine/data/images.py re-exports these names.
+something about it was off. Pure Python.
 
 Policies (each reported by the dataset scan, naming the file):
 - UTF-8 (with or without BOM) and UTF-16/32 with BOM are read silently; UTF-16 without BOM is

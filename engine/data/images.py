@@ -33,8 +33,6 @@ from dataclasses import dataclass, field
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError, features
 
-# re-exported: callers import the caption reader from here
-from .captions import MAX_CAPTION_CHARS, decode_caption, read_caption  # noqa: F401
 from .png_chunks import png_has_exif
 
 # Bump whenever load_image's output for the same file changes (resize filter, alpha policy...):

@@ -43,7 +43,7 @@ from .folders import (
 )
 from .folders import list_dataset_folder as _list_folder
 from .images import UNSUPPORTED_IMAGE_FORMATS, ImageReadError, caption_name, name_key, probe_image
-from .messages import (  # re-exported: callers import them from here
+from .messages import (
     EXAMPLES_SHOWN,
     DatasetError,
     note_image,

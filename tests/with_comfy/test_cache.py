@@ -20,9 +20,11 @@ import PipeTrain.engine.cache.legacy as legacy_module  # noqa: E402
 import PipeTrain.engine.cache.reader as reader_module  # noqa: E402
 from PipeTrain.engine.cache.writer import write_item  # noqa: E402
 import PipeTrain.engine.cache.shards as store_module  # noqa: E402
+import PipeTrain.engine.cache.writer as writer_module  # noqa: E402
 import PipeTrain.engine.data.scan as data_module  # noqa: E402
+from PipeTrain.engine.data.images import load_image  # noqa: E402
 import PipeTrain.nodes.cache_latents as cache_module  # noqa: E402
-import PipeTrain.nodes.encoder_identity as ident_module  # noqa: E402
+import PipeTrain.engine.cache.encoders as ident_module  # noqa: E402
 import PipeTrain.nodes.load_dataset as load_module  # noqa: E402
 from PipeTrain.engine.launch.comfy_bootstrap import import_comfy  # noqa: E402
 
@@ -41,7 +43,7 @@ def comfy(comfy_root):
 @pytest.fixture(scope="module")
 def m():
     """The pack's modules, as ComfyUI would import them."""
-    return types.SimpleNamespace(cache=cache_module, load=load_module, fmt=fmt_module, reader=reader_module, legacy=legacy_module, data=data_module,
+    return types.SimpleNamespace(cache=cache_module, load=load_module, fmt=fmt_module, reader=reader_module, writer=writer_module, legacy=legacy_module, data=data_module,
                                  ident=ident_module)
 
 
@@ -112,7 +114,7 @@ def test_cache_written_and_read_back(m, encoders, dataset, comfy):
         item = ds[i]
         caption = open(os.path.splitext(path)[0] + ".txt", encoding="utf-8").read().strip()
         assert item["caption"] == caption and item["source"] == os.path.basename(path)
-        pixels = torch.from_numpy(m.data.load_image(path, 64)).unsqueeze(0)
+        pixels = torch.from_numpy(load_image(path, 64)).unsqueeze(0)
         torch.testing.assert_close(item["latent"], encoders[0].encode(pixels)[0])
         cond, extras = encoders[1].encode_from_tokens_scheduled(encoders[1].tokenize(caption))[0]
         torch.testing.assert_close(item["cross_attn"], cond[0])
@@ -163,7 +165,7 @@ def test_trust_cache_skips_the_file_check(m, encoders, dataset):
     # a new fingerprint; only the edited image is encoded, the other 3 are copied from the first cache
     assert checked.fingerprint != first.fingerprint and vae.vae_calls == 1
     # other encoder settings never match a trusted cache
-    other = m.cache.find_trusted_cache(spec, {"vae": "another", "clip": "x"})
+    other = m.writer.find_trusted_cache(spec, {"vae": "another", "clip": "x"})
     assert other is None
 
 
@@ -184,7 +186,7 @@ def test_only_changed_files_are_encoded_again(m, encoders, dataset, caplog):
     assert "0 item(s) reused, 2 copied from the previous cache, 2 encoded" in caplog.text
     old, new = m.reader.CachedDataset(first.cache_dir), m.reader.CachedDataset(second.cache_dir)
     assert new[0]["caption"].endswith(" at night")
-    pixels = torch.from_numpy(m.data.load_image(paths[1], 64)).unsqueeze(0)
+    pixels = torch.from_numpy(load_image(paths[1], 64)).unsqueeze(0)
     torch.testing.assert_close(new[1]["latent"], encoders[0].encode(pixels)[0])
     for i in (2, 3):  # copied from the first cache's shard, not encoded (vae_calls above)
         for key in ("latent", "cross_attn"):
