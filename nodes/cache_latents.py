@@ -26,6 +26,7 @@ from ..engine.cache.writer import (
 )
 from ..engine.data.scan import DatasetSpec
 from . import compat
+from .load_dataset import report_rows
 from .types import CACHE, DATASET
 
 log = logging.getLogger("PipeTrain")
@@ -36,9 +37,10 @@ class PipeTrainCacheLatents:
     RETURN_TYPES = (CACHE,)
     RETURN_NAMES = ("cache",)
     OUTPUT_TOOLTIPS = ("The finished latent + caption cache; connect it to TrainPipeline.",)
-    FUNCTION = "cache"
+    FUNCTION = "cache_and_report"
     DESCRIPTION = ("Encode every image with the VAE and every caption with the text encoder, and store the results "
-                   "next to the dataset (.pipetrain_cache). Re-runs reuse it; a cancelled run resumes.")
+                   "next to the dataset (.pipetrain_cache). Re-runs reuse it; a cancelled run resumes. What was "
+                   "reused, encoded or left out is shown on the node.")
 
     @classmethod
     def INPUT_TYPES(cls):
@@ -87,9 +89,18 @@ class PipeTrainCacheLatents:
                            "(HiDream E1, InstructPix2Pix models)."}),
         }}
 
-    def cache(self, dataset: DatasetSpec, vae, clip, regenerate: bool, first_frame_conditioning: bool = False,
-              trust_cache: bool = False, clip_vision=None, clip_vision_crop: str = "center",
-              first_frame_style: str = DEFAULT_STYLE, control_style: str = CONTROL_STYLES[0]):
+    def cache_and_report(self, dataset: DatasetSpec, vae, clip, regenerate: bool, **options):
+        """What ComfyUI runs: cache(), with its report on the node (and in /history)."""
+        spec, lines, rows = self.encode(dataset, vae, clip, regenerate, **options)
+        return {"ui": {"text": lines, "pipetrain_report": report_rows(rows)}, "result": (spec,)}
+
+    def cache(self, dataset: DatasetSpec, vae, clip, regenerate: bool, **options):
+        return (self.encode(dataset, vae, clip, regenerate, **options)[0],)
+
+    def encode(self, dataset: DatasetSpec, vae, clip, regenerate: bool, first_frame_conditioning: bool = False,
+               trust_cache: bool = False, clip_vision=None, clip_vision_crop: str = "center",
+               first_frame_style: str = DEFAULT_STYLE, control_style: str = CONTROL_STYLES[0]):
+        """Plan, encode and finish the cache; returns (CacheSpec, the report's lines, its rows by reason)."""
         conflict = control_style_conflict(control_style, first_frame_conditioning, dataset.control_folder)
         if conflict:
             raise CacheError(conflict)
@@ -99,11 +110,16 @@ class PipeTrainCacheLatents:
         if trust_cache and not regenerate:
             trusted = find_trusted_cache(dataset, identity)
             if trusted is not None:
-                log.info("PipeTrain CacheLatents: trust_cache is on, reusing %s without checking the files",
-                         trusted.cache_dir)
-                return (trusted,)
+                line = (f"trust_cache is on: reusing {trusted.cache_dir} ({trusted.count} item(s)) without "
+                        "checking the files.")
+                log.info("PipeTrain CacheLatents: %s", line)
+                return trusted, [line], ()
             log.info("PipeTrain CacheLatents: trust_cache is on but no complete cache matches; checking every file")
-        warn = lambda message: log.warning("PipeTrain CacheLatents: %s", message)
+        warnings: list[str] = []
+
+        def warn(message: str) -> None:
+            warnings.append(message)
+            log.warning("PipeTrain CacheLatents: %s", message)
         plan = plan_cache(dataset, identity, warn)
         if regenerate and plan.cache_dir.exists():
             log.info("PipeTrain CacheLatents: regenerate is on, deleting %s", plan.cache_dir)
@@ -115,7 +131,9 @@ class PipeTrainCacheLatents:
         result = encode_shard(plan, vae, clip, regenerate=regenerate, options=options, write=write_item,
                               check_cancel=compat.raise_if_interrupted, progress=lambda: pbar.update(1))
         spec = finish_cache(plan, result, warn)
-        log.info("PipeTrain CacheLatents: %d item(s) reused, %d copied from the previous cache, %d encoded (%d distinct "
-                 "caption(s)) in %.1fs -> %s", result.reused, result.copied, result.encoded, result.captions,
-                 time.monotonic() - start, plan.cache_dir)
-        return (spec,)
+        line = (f"{result.reused} item(s) reused, {result.copied} copied from the previous cache, {result.encoded} "
+                f"encoded ({result.captions} distinct caption(s)), {result.failed_count} left out, in "
+                f"{time.monotonic() - start:.1f}s -> {plan.cache_dir}")
+        log.info("PipeTrain CacheLatents: %s", line)
+        failed = (("encode_failed", result.failed_count, tuple(result.failed)),) if result.failed_count else ()
+        return spec, [line, *warnings], plan.report + failed

@@ -9,8 +9,14 @@ import logging
 
 from ..engine.data.buckets import BucketError, parse_aspect_ratios, parse_resolutions
 from ..engine.data.folders import resolve_extra_folder
-from ..engine.data.messages import DatasetError
-from ..engine.data.scan import DatasetSpec, cache_entries, files_signature, parse_folder_lines
+from ..engine.data.messages import EXAMPLES_SHOWN, DatasetError, skipped_text
+from ..engine.data.scan import (
+    DatasetSpec,
+    cache_entries,
+    files_signature,
+    folder_line_notes,
+    parse_folder_lines,
+)
 from ..engine.data.scan_memo import (
     scan,  # validate(), with the result kept for CacheLatents while no file changes
 )
@@ -25,8 +31,14 @@ _FOLDERS_TOOLTIP = (
     "epoch (e.g. 'cats | repeats=3'); lines without it use the 'repeats' input. Each image's caption is the .txt "
     "file with the same name (a.png -> a.txt; a.png and a.jpg would share it); images without one train with an "
     "empty caption. Reads PNG, JPEG, WebP, BMP, TIFF, GIF (animated: first frame), AVIF, and videos (MP4, WebM, "
-    "MOV, MKV, AVI...) when video_frames is set. Hidden files (.name) and subfolders are skipped, with a warning in the console. Lines starting with # are ignored."
+    "MOV, MKV, AVI...) when video_frames is set. Hidden files (.name) and subfolders are skipped, with a warning "
+    "on the node and in the console. Lines starting with # are ignored (and listed); quote a folder whose name "
+    "starts with # or holds ' | ', e.g. '\"#1 cats\" | repeats=2'."
 )
+_LINKS_TOOLTIP = (
+    "Off: a file that is a link to somewhere outside its folder (an image, caption, mask or control image) is not "
+    "read; it is skipped and listed, so a link cannot pull in files from elsewhere on this machine. On: links are "
+    "followed wherever they point. Links that stay inside the folder always work.")
 
 
 def _input_dir() -> str | None:
@@ -77,7 +89,7 @@ _CONTROL_TOOLTIP = (
 
 def build_spec(folders: str, resolution: int, repeats: int, aspect_ratios: str = "", extra_resolutions: str = "",
                bucket_multiple: int = 64, video_frames: int = 0, frame_stride: int = 1, mask_folder: str = "",
-               control_folder: str = "") -> DatasetSpec:
+               control_folder: str = "", follow_links: bool = False) -> DatasetSpec:
     if not (isinstance(repeats, int) and repeats >= 1):
         raise DatasetError(f"repeats is {repeats}: use a whole number of 1 or more.")
     try:
@@ -88,7 +100,8 @@ def build_spec(folders: str, resolution: int, repeats: int, aspect_ratios: str =
                        aspect_ratios=ratios, extra_resolutions=extra, bucket_multiple=int(bucket_multiple),
                        video_frames=int(video_frames), frame_stride=int(frame_stride),
                        mask_folder=resolve_extra_folder(mask_folder, _input_dir(), "mask_folder"),
-                       control_folder=resolve_extra_folder(control_folder, _input_dir(), "control_folder"))
+                       control_folder=resolve_extra_folder(control_folder, _input_dir(), "control_folder"),
+                       follow_links=bool(follow_links))
     spec.check()
     return spec
 
@@ -118,11 +131,11 @@ class PipeTrainLoadDataset:
     RETURN_TYPES = (DATASET,)
     RETURN_NAMES = ("dataset",)
     OUTPUT_TOOLTIPS = ("The dataset description (folders, captions, resolution); connect it to CacheLatents.",)
-    FUNCTION = "load"
+    FUNCTION = "load_and_report"
     DESCRIPTION = ("Describe a training dataset: folders of images with same-named .txt captions, optionally with "
                    "loss masks and control images (edit pairs) from folders of their own. "
                    "Checks every image can be read; unreadable files, videos, missing captions and images that "
-                   "will be upscaled or heavily cropped are listed by name in the console.")
+                   "will be upscaled or heavily cropped are listed by name on the node and in the console.")
 
     @classmethod
     def INPUT_TYPES(cls):
@@ -145,37 +158,62 @@ class PipeTrainLoadDataset:
             "frame_stride": ("INT", {"default": 1, "min": 1, "max": 100, "tooltip": _STRIDE_TOOLTIP}),
             "mask_folder": ("STRING", {"default": "", "tooltip": _MASK_TOOLTIP}),
             "control_folder": ("STRING", {"default": "", "tooltip": _CONTROL_TOOLTIP}),
+            # new inputs go last: saved UI workflows store widget values by position
+            "follow_links": ("BOOLEAN", {"default": False, "tooltip": _LINKS_TOOLTIP}),
         }}
 
     @classmethod
     def IS_CHANGED(cls, folders, resolution, repeats, aspect_ratios="", extra_resolutions="", bucket_multiple=64,
-                   video_frames=0, frame_stride=1, mask_folder="", control_folder=""):
-        # Names, sizes and mtimes only (no decoding): cheap enough to run on every queue, and any
-        # added, edited or re-captioned file makes ComfyUI run the node (and CacheLatents) again.
+                   video_frames=0, frame_stride=1, mask_folder="", control_folder="", follow_links=False):
+        # Names, sizes, mtimes and status-change times only (no file is read): cheap enough to run on every
+        # queue, and any added, edited or re-captioned file makes ComfyUI run the node (and CacheLatents) again.
         try:
             return files_signature(build_spec(folders, resolution, repeats, aspect_ratios, extra_resolutions,
                                               bucket_multiple, video_frames, frame_stride, mask_folder,
-                                              control_folder))
+                                              control_folder, follow_links))
         except (DatasetError, OSError):
             return float("nan")  # never equal to itself: run the node, which reports the error
 
+    def load_and_report(self, folders, resolution, repeats, aspect_ratios="", extra_resolutions="",
+                        bucket_multiple=64, video_frames=0, frame_stride=1, mask_folder="", control_folder="",
+                        follow_links=False):
+        """What ComfyUI runs: load(), with the dataset report on the node (and in /history)."""
+        spec, lines, rows = describe(folders, resolution, repeats, aspect_ratios, extra_resolutions, bucket_multiple,
+                                     video_frames, frame_stride, mask_folder, control_folder, follow_links)
+        return {"ui": {"text": lines, "pipetrain_report": report_rows(rows)}, "result": (spec,)}
+
     def load(self, folders, resolution, repeats, aspect_ratios="", extra_resolutions="", bucket_multiple=64,
-             video_frames=0, frame_stride=1, mask_folder="", control_folder=""):
-        spec = build_spec(folders, resolution, repeats, aspect_ratios, extra_resolutions, bucket_multiple,
-                          video_frames, frame_stride, mask_folder, control_folder)
-        result = scan(spec)
-        for warning in result.warnings:
-            log.warning("PipeTrain LoadDataset: %s", warning)
-        images = sum(1 for item in result.items if not item.frames)
-        if spec.video_frames:
-            log.info("PipeTrain LoadDataset: %d video(s) of %d frame(s) per clip (stride %d).",
-                     len(result.items) - images, spec.video_frames, spec.frame_stride)
-        seen = sum(item.repeats for item in result.items)
-        log.info("PipeTrain LoadDataset: %d image(s) in %d folder(s), %d per epoch with repeats, %d without caption, "
-                 "%d unreadable and %d video(s) skipped.", images, len(spec.folders), seen,
-                 result.missing_captions.count, len(result.unreadable), len(result.videos))
-        if result.pair_counts:
-            log.info("PipeTrain LoadDataset: %s", pair_report(spec, result.pair_counts))
-        if spec.bucketed:
-            log.info("PipeTrain LoadDataset: samples per training size: %s", bucket_report(spec, result.items))
-        return (spec,)
+             video_frames=0, frame_stride=1, mask_folder="", control_folder="", follow_links=False):
+        return (describe(folders, resolution, repeats, aspect_ratios, extra_resolutions, bucket_multiple, video_frames,
+                         frame_stride, mask_folder, control_folder, follow_links)[0],)
+
+
+def describe(folders, resolution, repeats, *options) -> tuple[DatasetSpec, list[str], tuple]:
+    """Build and scan the dataset; log its report. Returns (spec, the report's lines, its rows by reason)."""
+    spec = build_spec(folders, resolution, repeats, *options)
+    result = scan(spec)
+    notes = folder_line_notes(folders, _input_dir())
+    for warning in (*result.warnings, *notes):
+        log.warning("PipeTrain LoadDataset: %s", warning)
+    images = sum(1 for item in result.items if not item.frames)
+    seen = sum(item.repeats for item in result.items)
+    reasons = skipped_text(result.report)
+    lines = [f"{images} image(s) in {len(spec.folders)} folder(s), {seen} per epoch with repeats, "
+             f"{result.missing_captions.count} without caption, {result.skipped} file(s) skipped"
+             + (f" ({reasons})." if reasons else ".")]
+    if spec.video_frames:
+        lines.append(f"{len(result.items) - images} video(s) of {spec.video_frames} frame(s) per clip "
+                     f"(stride {spec.frame_stride}).")
+    if result.pair_counts:
+        lines.append(pair_report(spec, result.pair_counts))
+    if spec.bucketed:
+        lines.append(f"samples per training size: {bucket_report(spec, result.items)}")
+    for line in lines:
+        log.info("PipeTrain LoadDataset: %s", line)
+    rows = result.report + ((("folder_line", len(notes), tuple(notes[:EXAMPLES_SHOWN])),) if notes else ())
+    return spec, lines + list(result.warnings) + notes, rows
+
+
+def report_rows(rows) -> list[dict]:
+    """The report by reason as JSON for /history: [{"reason", "count", "first"}]."""
+    return [{"reason": kind, "count": n, "first": list(first)} for kind, n, first in rows]

@@ -21,6 +21,7 @@ from pathlib import Path
 from ..engine.cache.first_frame import DEFAULT_STYLE, style_mismatch
 from ..engine.config.checks import ConfigError
 from ..engine.config.launch import LaunchSpec
+from ..engine.latent_fit import accepted_channels, wanted_latents
 from . import compat
 
 _DTYPES = {"F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16", "I64": "int64",
@@ -40,24 +41,6 @@ class Detected:
     widths: dict = field(default_factory=dict)
     latent_format: object = field(default=None, compare=False)  # ComfyUI's LatentFormat instance
     in_channels: int = 0  # the model's input channels as detection read them (latents + concat); 0 = not known
-
-
-def latents_fit(found: Detected, shape: tuple) -> bool:
-    """Whether cached latents of this shape (channels first, no batch) are what the model trains on. Most
-    families take the VAE's channels as they are; some reshape them first (HunyuanImage 2.1's refiner
-    packs 2 frames of 32 channels into 64), so the model's own process_in decides."""
-    if int(shape[0]) == found.latent_channels:
-        return True
-    if found.latent_format is None:
-        return False
-    import torch
-
-    try:
-        processed = found.latent_format.process_in(torch.zeros(1, *(int(n) for n in shape)))
-    except Exception:  # noqa: BLE001 - a shape it cannot even reshape does not fit
-        return False
-    # same rank: a per-channel scale of another width can broadcast a 4-D latent into a 5-D one
-    return processed.dim() == len(shape) + 1 and int(processed.shape[1]) == found.latent_channels
 
 
 class NotADiffusionModel(Exception):
@@ -196,13 +179,15 @@ def check_model(model_name: str, model_path: str, lora, caches: dict, timestep_s
     for input_name, cache in caches.items():
         if cache is None:
             continue
-        channels = int(tuple(cache.latent_shape)[0])
-        if not latents_fit(found, tuple(cache.latent_shape)):
+        shape = tuple(cache.latent_shape)
+        channels = int(shape[0])
+        if channels not in accepted_channels(found.latent_format, shape):
             vae = _cache_encoder(cache.cache_dir, "vae")
             made_with = f" made with the VAE {vae}" if vae else ""
+            wanted = wanted_latents(found.latent_format, shape)
             raise ConfigError(
                 f"{input_name} holds {channels}-channel latents{made_with}, but model_name {model_name!r} is a "
-                f"{found.family} model (ComfyUI's detection) that trains on {found.latent_channels}-channel latents: "
+                f"{found.family} model (ComfyUI's detection) that trains on {wanted}: "
                 f"cache the dataset with the {found.family} model's own VAE (connect it to Cache Latents), or pick "
                 "the model the cache was made for.")
         style = _cache_first_frame(cache)

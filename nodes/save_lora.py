@@ -5,7 +5,7 @@ import hashlib
 import os
 from pathlib import Path, PurePosixPath
 
-from ..engine.config.checks import ConfigError, portable_name_problem
+from ..engine.config.checks import ConfigError, invisible_characters, portable_name_problem
 from ..engine.version import __version__
 from . import compat
 from .types import RUN
@@ -16,6 +16,11 @@ SUBFOLDER = "pipetrain"
 def safe_lora_target(loras_root: str, name: str) -> Path:
     """models/loras/pipetrain/<name>.safetensors, refusing names that would leave that folder or that
     some OS cannot store (ComfyUI and its model folders are often shared between Linux and Windows)."""
+    hidden = invisible_characters(name)
+    if hidden:
+        raise ConfigError(f"LoRA name {name!r} is not allowed: it contains the invisible or control character(s) "
+                          f"{', '.join(hidden)} (a line break, or one that reorders or hides text). Type a plain "
+                          "name like 'my_style'.")
     clean = name.strip().replace("\\", "/")
     if clean.lower().endswith(".safetensors"):
         clean = clean[: -len(".safetensors")]
@@ -23,7 +28,7 @@ def safe_lora_target(loras_root: str, name: str) -> Path:
         raise ConfigError(f"LoRA name {name!r} is not allowed: it is empty. Give a name like 'my_style' "
                           "('.safetensors' is added).")
     parts = PurePosixPath(clean).parts
-    if clean.startswith("/") or ":" in clean or any(p in ("..", ".") for p in parts):
+    if not parts or clean.startswith("/") or ":" in clean or any(p in ("..", ".") for p in clean.split("/")):
         raise ConfigError(f"LoRA name {name!r} is not allowed: use a plain name like 'my_style' (sub-folders "
                           "such as 'people/anna' are fine; no '..', drive letters or absolute paths).")
     for part in parts:
@@ -38,6 +43,30 @@ def safe_lora_target(loras_root: str, name: str) -> Path:
     if target.is_dir():
         raise ConfigError(f"LoRA name {name!r}: {target} is a folder: pick another name.")
     return target
+
+
+def check_save_names(prompt: dict | None, train_node: str | None) -> None:
+    """Before training starts: refuse the run when a SaveLoRA fed by this TrainPipeline (`train_node`, its
+    id in the queued `prompt`) has a name that is not allowed, or one that is taken with overwrite off, so
+    the clash is found before the training instead of after it. A name or overwrite wired from another
+    node is only known when SaveLoRA runs, which then checks it."""
+    if not isinstance(prompt, dict) or train_node is None:
+        return
+    for node in prompt.values():
+        if not isinstance(node, dict) or node.get("class_type") != "PipeTrainSaveLoRA":
+            continue
+        inputs = node.get("inputs") or {}
+        run = inputs.get("run")
+        if not (isinstance(run, list) and run and str(run[0]) == str(train_node)):
+            continue  # fed by another TrainPipeline
+        name, overwrite = inputs.get("name"), inputs.get("overwrite", False)
+        if not isinstance(name, str):
+            continue
+        target = safe_lora_target(compat.first_folder("loras"), name)
+        if overwrite is False and target.exists():
+            raise ConfigError(f"SaveLoRA's name {name!r} is taken: {target} already exists and overwrite is off, so "
+                              "the LoRA could not be saved after training. Choose another name, or turn on "
+                              "SaveLoRA's overwrite to replace it. Nothing was trained.")
 
 
 def _file_bytes(tensors: dict, metadata: dict) -> bytes:

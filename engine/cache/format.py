@@ -92,12 +92,14 @@ class CacheSpec:
 
 # ---- naming --------------------------------------------------------------------------------
 
-def fingerprint(spec: DatasetSpec, scan_items: Iterable[DatasetItem], encoder_identity: Mapping[str, Any]) -> str:
+def fingerprint(spec: DatasetSpec, scan_items: Iterable[DatasetItem], encoder_identity: Mapping[str, Any],
+                digests: Mapping[str, str] | None = None) -> str:
     """sha256[:16] of everything that changes a cached tensor (and the format they are stored in).
 
     Repeats are deliberately left out: they change how often an item is seen, not its latent,
     so editing them must not re-encode. The metadata table (rewritten on every CacheLatents run)
-    is where the engine reads repeats from.
+    is where the engine reads repeats from. digests: item path -> the content digest of its files
+    (engine/cache/digests.py), so an edit that keeps size and mtime still makes a new fingerprint.
     """
     h = hashlib.sha256()
     h.update(json.dumps({"format": CACHE_FORMAT_VERSION, "preprocess": PREPROCESS_VERSION, "resolution": spec.resolution,
@@ -111,7 +113,9 @@ def fingerprint(spec: DatasetSpec, scan_items: Iterable[DatasetItem], encoder_id
                              "mask_version": MASK_VERSION}).encode())
     for item in scan_items:
         caption = "\0none" if item.caption is None else item.caption
-        h.update(json.dumps([relative_source(spec, item.path), item.size_bytes, item.mtime_ns, caption]).encode())
+        digest = (digests or {}).get(item.path)
+        h.update(json.dumps([relative_source(spec, item.path), item.size_bytes, item.mtime_ns, caption]
+                            + ([digest] if digest else [])).encode())
         pairs = [p.stamp() if p else None for p in (getattr(item, "mask", None), getattr(item, "control", None))]
         if any(pairs):  # a changed mask or control image re-caches its item
             h.update(json.dumps(pairs).encode("utf-8", "surrogateescape"))
@@ -122,15 +126,17 @@ def cache_dir_for(spec: DatasetSpec, fp: str) -> Path:
     return Path(spec.folders[0].path) / CACHE_FOLDER / fp
 
 
-def item_key(spec: DatasetSpec, item: DatasetItem, size) -> str:
+def item_key(spec: DatasetSpec, item: DatasetItem, size, digest: str = "") -> str:
     """What one cached item was made from (its file's name, size, mtime and caption, every other scan
-    field but repeats, and the size it is cached at). The same key in another cache with the same
-    encoders and settings means the same tensors, so they can be copied instead of encoded. The
-    preprocessing and mask versions are part of it: a change to how files become pixels re-encodes."""
+    field but repeats, the content digest of its files, and the size it is cached at). The same key in
+    another cache with the same encoders and settings means the same tensors, so they can be copied
+    instead of encoded. The preprocessing and mask versions are part of it: a change to how files
+    become pixels re-encodes."""
     fields = {k: v for k, v in vars(item).items() if k not in ("path", "repeats")}  # nested dataclasses: their repr
     versions = {"preprocess": PREPROCESS_VERSION, "mask": MASK_VERSION}
-    return hashlib.sha256(json.dumps([relative_source(spec, item.path), list(size), fields, versions], sort_keys=True,
-                                     default=repr).encode("utf-8", "surrogateescape")).hexdigest()[:32]
+    made_of = [relative_source(spec, item.path), list(size), fields, versions] + ([digest] if digest else [])
+    return hashlib.sha256(json.dumps(made_of, sort_keys=True, default=repr).encode("utf-8", "surrogateescape")
+                          ).hexdigest()[:32]
 
 
 def remove_cache(cache_dir: str | os.PathLike) -> None:

@@ -26,6 +26,7 @@ from ..data.images import ImageReadError, describe_error
 from ..data.scan import DatasetItem, DatasetSpec, cache_entries, relative_source
 from ..data.scan_memo import validate_once
 from ..data.video import VideoReadError
+from .digests import content_digests
 from .format import (
     CACHE_FOLDER,
     MANIFEST,
@@ -131,19 +132,28 @@ class CachePlan:
     fingerprint: str
     cache_dir: Path
     entries: list  # (DatasetItem, (width, height)) in cache order: cache_entries
+    digests: dict = field(default_factory=dict)  # item path -> content digest of its files (engine/cache/digests.py)
+    report: tuple = ()  # the dataset scan's report rows (engine/data/messages.py: grouped_report)
+
+    def key(self, index: int) -> str:
+        """item_key of entry `index`: what it is made from, content digest included."""
+        item, size = self.entries[index]
+        return item_key(self.dataset, item, size, self.digests.get(item.path, ""))
 
 
 def plan_cache(dataset: DatasetSpec, identity: dict, warn: Callable[[str], None]) -> CachePlan:
     """Scan the dataset (its warnings go to `warn`), fingerprint it and check the cache folder. The scan
-    LoadDataset just made is reused when no file changed since (engine/data/scan_memo.py)."""
+    LoadDataset just made is reused when no file changed since (engine/data/scan_memo.py); the files'
+    content digests are read only for files whose stat changed since the last run (engine/cache/digests.py)."""
     scan = validate_once(dataset)
     for warning in scan.warnings:
         warn(warning)
-    fp = fingerprint(dataset, scan.items, identity)
-    cache_dir = cache_dir_for(dataset, fp)
     writable_cache_root(dataset)
+    digests = content_digests(dataset, scan.items)
+    fp = fingerprint(dataset, scan.items, identity, digests)
+    cache_dir = cache_dir_for(dataset, fp)
     # each image once per resolution, at its bucket size
-    return CachePlan(dataset, identity, fp, cache_dir, cache_entries(dataset, scan.items))
+    return CachePlan(dataset, identity, fp, cache_dir, cache_entries(dataset, scan.items), digests, scan.report)
 
 
 @dataclass
@@ -253,7 +263,7 @@ def _copy_previous(previous: tuple[dict, ShardReader], plan: CachePlan, index: i
     """Copy an unchanged item's tensors from the previous cache into this one; False if it is gone or unreadable.
     previous: (previous_items' table, the reader that keeps the shards being copied from open)."""
     items, reader = previous
-    source = items.get(item_key(plan.dataset, *plan.entries[index])) if items else None
+    source = items.get(plan.key(index)) if items else None
     if not source:
         return False
     try:
@@ -324,7 +334,7 @@ def finish_cache(plan: CachePlan, result: ShardResult, warn: Callable[[str], Non
     def info(index: int) -> dict[str, Any]:
         item, (width, height) = entries[index]
         return {"source": safe_text(relative_source(dataset, item.path)), "repeats": item.repeats, "width": width,
-                "height": height, "key": item_key(dataset, item, (width, height))}
+                "height": height, "key": plan.key(index)}
     try:
         count, latent_shape = write_metadata(cache_dir, plan.fingerprint, dataset, plan.identity, info)
     except OSError as e:

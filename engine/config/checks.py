@@ -4,6 +4,7 @@ setting and the fix. Plain data, no torch. Import names from this file.
 from __future__ import annotations
 
 import re
+import unicodedata
 
 from .choices import RUN_NAME_RE
 
@@ -16,6 +17,14 @@ def check(ok: bool, message: str) -> None:
     """A ConfigError with `message` unless `ok` (the sections' one-line validations)."""
     if not ok:
         raise ConfigError(message)
+
+
+def check_block_swap(block_swap: int, pipeline_stages: int) -> None:
+    """Block swap streams the blocks of the whole model through one GPU: it needs pipeline_stages 1.
+    MemorySpec.validate and the memory engine (engine/memory/options.py) both call this one."""
+    check(block_swap == 0 or pipeline_stages == 1,
+          f"memory.block_swap is {block_swap} with pipeline_stages {pipeline_stages}: block swap needs "
+          "pipeline_stages 1 (each GPU holds the whole model); set block_swap to 0 or pipeline_stages to 1.")
 
 
 def split_points(text: str, stages: int) -> list[int]:
@@ -52,10 +61,19 @@ _NOT_PORTABLE_RE = re.compile(r'[<>:"/\\|?*\x00-\x1f]')  # what Windows refuses 
 MAX_NAME_CHARS = 100
 
 
+def invisible_characters(text: str) -> list[str]:
+    """Control, format (bidi overrides such as U+202E) and line/paragraph separator characters in `text`,
+    as U+XXXX: they hide or reorder what a name shows, or break it over lines."""
+    return sorted({f"U+{ord(c):04X}" for c in text if unicodedata.category(c) in ("Cc", "Cf", "Zl", "Zp")})
+
+
 def portable_name_problem(part: str) -> str:
     """Why `part` cannot be one folder or file name on every OS ComfyUI runs on; "" when it can."""
     if part in (".", ".."):
         return "names a folder ('.' this one, '..' the one above), not a new one"
+    hidden = invisible_characters(part)
+    if hidden:
+        return f"contains the invisible or control character(s) {', '.join(hidden)}"
     bad = sorted(set(_NOT_PORTABLE_RE.findall(part)))
     if bad:
         return f"contains {' '.join(repr(c) for c in bad)}, not allowed in file names"

@@ -1,10 +1,10 @@
-"""EvalSpec: the held-out eval set's settings in run.json (`eval`), validated like the rest of RunConfig.
+"""EvalSpec: the held-out eval set's settings in run.json (`eval`), validated like the rest of RunConfig
+(its cache folder is checked with the other files, RunConfig.check_files).
 
 Plain data (no torch). What the engine does with it: engine/train/eval_set.py.
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 from .checks import ConfigError
@@ -40,12 +40,7 @@ class EvalSpec:
                               "number of steps such as 100.")
         if self.seed < 0:
             raise ConfigError(f"eval.seed is {self.seed}: use 0 or a positive number.")
-        if not self.cache_dir:
-            if self.every or self.before_start:
-                raise ConfigError("eval.every / eval.before_start are set but eval.cache_dir is empty: connect an "
-                                  "eval set (eval_cache, a Cache Latents output), or set eval_every to 0 and "
-                                  "eval_before_start to false.")
-            return
-        if not os.path.isfile(os.path.join(self.cache_dir, "manifest.json")):
-            raise ConfigError(f"eval.cache_dir {self.cache_dir} is incomplete (no manifest.json): run the eval "
-                              "set's Cache Latents again, or disconnect eval_cache.")
+        if not self.cache_dir and (self.every or self.before_start):
+            raise ConfigError("eval.every / eval.before_start are set but eval.cache_dir is empty: connect an "
+                              "eval set (eval_cache, a Cache Latents output), or set eval_every to 0 and "
+                              "eval_before_start to false.")

@@ -1,15 +1,18 @@
-"""Rules that join settings of several sections of run.json: each written once, here, and called
-from every place that needs it (RunConfig.validate, the nodes' checks before launch, the engine).
-Plain data, no torch.
+"""Rules that join settings of several sections of run.json: each written once, here, and called from
+every place that needs it (RunConfig.validate, the nodes' checks before launch, the engine at start and
+while it builds the run). A rule within one section that the section's validate() applies lives with the
+shared checks instead (engine/config/checks.py: check_block_swap, split_points), so that the sections
+never import this file. Plain data, no torch.
 """
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .checks import ConfigError, check
+from .checks import ConfigError, check, gpu_count
 from .choices import OPTIMIZER_LR_RANGES
 
 if TYPE_CHECKING:  # annotations only (no import at run time)
+    from .launch import LaunchSpec
     from .sections import MemorySpec, TrainSpec
 
 
@@ -25,3 +28,21 @@ def check_optimizer_settings(memory: "MemorySpec", train: "TrainSpec") -> None:
           "memory.optimizer 'prodigy' estimates one step size from all LoRA weights, but with pipeline_stages "
           f"{memory.pipeline_stages} each stage holds only part of them: set pipeline_stages to 1 or choose "
           "another optimizer.")
+
+
+def check_pipeline_backend(memory: "MemorySpec", launch: "LaunchSpec") -> None:
+    """Pipeline stages are DeepSpeed's PipelineEngine: the plain backend has one stage."""
+    check(launch.backend == "deepspeed" or memory.pipeline_stages == 1,
+          f"memory.pipeline_stages {memory.pipeline_stages} needs DeepSpeed, which is not in use (launch.backend "
+          f"'{launch.backend}'): install it (pip install deepspeed, Linux) or set pipeline_stages to 1.")
+
+
+def data_parallel_size(gpus: int, stages: int, nodes: int = 1) -> int:
+    """The data-parallel replicas of a run on `gpus` ranks in all (over `nodes` machines): the GPUs must
+    split into `stages` equal pipeline groups, and each group's replicas are gpus / stages."""
+    where = gpu_count(nodes, gpus // nodes) if nodes > 1 and gpus % nodes == 0 else f"{gpus} GPUs"
+    check(stages >= 1 and gpus % stages == 0,
+          f"{where} cannot be split into {stages} pipeline stages: use a total number of GPUs (launch.num_gpus "
+          "on every node) divisible by pipeline_stages, or change memory.pipeline_stages (e.g. 2 stages on 2, "
+          "4 or 8 GPUs).")
+    return gpus // stages

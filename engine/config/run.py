@@ -1,8 +1,10 @@
 """RunConfig: the one contract between the ComfyUI nodes and the training engine.
 
-The node writes it as `<run_dir>/run.json`; the engine reads it back. Both sides validate it
-with `RunConfig.from_dict`, so a bad value is reported before any rank starts, with a message
-that names the setting and says what to change. Everything here is plain data (no torch).
+The node writes it as `<run_dir>/run.json`; the engine reads it back. `validate()` is pure (it reads
+no file) and runs once where a config is built (the node, and `RunConfig.from_dict` / `load` on each
+rank); `check_files()` checks that the files it names exist, at each boundary: the node before launch,
+the headless launcher, every rank at start. A bad value is reported before any rank starts, with a
+message that names the setting and says what to change. Everything here is plain data (no torch).
 
 The sections live in files named for them (engine/config/sections.py: lora, memory, train, sample;
 engine/config/launch.py: launch and its cluster; engine/config/eval.py: eval), the allowed values in
@@ -18,15 +20,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .checks import (
-    ConfigError,
-    check_run_name,
-    gpu_count,
-)
+from .checks import ConfigError, check_run_name
 from .checks import check as _check
 from .eval import EvalSpec
 from .launch import ClusterSpec, LaunchSpec
-from .rules import check_optimizer_settings
+from .rules import check_optimizer_settings, check_pipeline_backend, data_parallel_size
 from .sections import LoraSpec, MemorySpec, SampleSpec, TrainSpec
 
 CONFIG_VERSION = 1
@@ -49,26 +47,35 @@ class RunConfig:
     version: int = CONFIG_VERSION
 
     def validate(self) -> None:
+        """Every setting and every rule across sections; pure (no file is read: check_files does that)."""
         _check(self.version == CONFIG_VERSION,
                f"run.json has version {self.version}, this PipeTrain reads version {CONFIG_VERSION}: "
                "re-create the run from the TrainPipeline node.")
         check_run_name(self.run_name)
+        for part in (self.lora, self.memory, self.train, self.launch, self.sample, self.eval):
+            part.validate()
+        check_optimizer_settings(self.memory, self.train)
+        check_pipeline_backend(self.memory, self.launch)
+        nodes = self.launch.nodes()  # with a hostfile, engine/launch/cluster.py checks this once it is read
+        if nodes:
+            data_parallel_size(nodes * self.launch.num_gpus, self.memory.pipeline_stages, nodes)
+
+    def check_files(self) -> None:
+        """The files and folders the run reads exist (validate() reads none): the node checks them before
+        launch, each rank at start."""
         _check(os.path.isfile(self.model_path), f"model file {self.model_path} does not exist: pick a file ComfyUI lists.")
         _check(os.path.isfile(os.path.join(self.comfyui_root, "comfy", "sd.py")),
                f"comfyui_root {self.comfyui_root} is not a ComfyUI folder (no comfy/sd.py).")
         _check(os.path.isfile(os.path.join(self.cache_dir, "manifest.json")),
                f"cache {self.cache_dir} is incomplete (no manifest.json): run CacheLatents again.")
-        for part in (self.lora, self.memory, self.train, self.launch, self.sample, self.eval):
-            part.validate()
-        check_optimizer_settings(self.memory, self.train)
-        nodes = self.launch.nodes()  # with a hostfile, engine/launch/cluster.py checks this once it is read
-        _check(not nodes or (nodes * self.launch.num_gpus) % self.memory.pipeline_stages == 0,
-               f"{gpu_count(nodes, self.launch.num_gpus)} cannot be split into {self.memory.pipeline_stages} pipeline "
-               "stages: use a number of GPUs (over all nodes) divisible by pipeline_stages (e.g. 2 stages on 2, 4 "
-               "or 8 GPUs).")
-        _check(self.launch.backend == "deepspeed" or self.memory.pipeline_stages == 1,
-               "pipeline_stages > 1 needs DeepSpeed: install it (pip install deepspeed, Linux) or set "
-               "pipeline_stages to 1.")
+        _check(not self.lora.init_from or os.path.isfile(self.lora.init_from),
+               f"lora.init_from: the LoRA file {self.lora.init_from} does not exist; pick another file or 'none'.")
+        _check(not self.sample.every or os.path.isfile(self.sample.prompts_file),
+               f"sample.prompts_file {self.sample.prompts_file!r} does not exist: re-queue TrainPipeline with sample "
+               "prompts (it writes the file), or set sample.every to 0.")
+        _check(not self.eval.cache_dir or os.path.isfile(os.path.join(self.eval.cache_dir, "manifest.json")),
+               f"eval.cache_dir {self.eval.cache_dir} is incomplete (no manifest.json): run the eval set's Cache "
+               "Latents again, or disconnect eval_cache.")
 
     # ---- (de)serialisation -------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -76,6 +83,7 @@ class RunConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "RunConfig":
+        """Build and validate (pure); run.json files of older versions load as well (upgrade_legacy)."""
         cfg = _build(cls, data, "run")
         cfg.validate()
         return cfg

@@ -1,14 +1,14 @@
 """The training sections of run.json: LoRA (`lora`), memory (`memory`), training (`train`) and
-samples during training (`sample`), each a frozen dataclass with its own validate(). Plain data, no
-torch; engine/config/run.py builds them from run.json.
+samples during training (`sample`), each a frozen dataclass with its own validate(), which reads no file
+(RunConfig.check_files checks the files they name). Plain data, no torch; engine/config/run.py builds
+them from run.json.
 """
 from __future__ import annotations
 
-import os
 import re
 from dataclasses import dataclass
 
-from .checks import ConfigError, check, split_points
+from .checks import ConfigError, check, check_block_swap, split_points
 from .choices import (
     BASE_DTYPES,
     CHECKPOINTING,
@@ -46,9 +46,6 @@ class LoraSpec:
             except re.error as e:
                 raise ConfigError(f"lora.target_regex {self.target_regex!r} is not a valid regular expression ({e}).") from e
         check(self.dtype in LORA_DTYPES, f"lora.dtype is {self.dtype!r}: choose one of {', '.join(LORA_DTYPES)}.")
-        if self.init_from:
-            check(os.path.isfile(self.init_from),
-                  f"lora.init_from: the LoRA file {self.init_from} does not exist; pick another file or 'none'.")
 
 
 @dataclass(frozen=True)
@@ -77,10 +74,7 @@ class MemorySpec:
               f"{', '.join(CHECKPOINTING)}.")
         check(0 <= self.block_swap <= 10_000, f"memory.block_swap is {self.block_swap}: use 0 (off) or the number "
               "of transformer blocks to keep in CPU RAM.")
-        check(self.block_swap == 0 or self.pipeline_stages == 1,
-              f"memory.block_swap is {self.block_swap} with pipeline_stages {self.pipeline_stages}: block swap "
-              "needs pipeline_stages 1 (each GPU holds the whole model); set block_swap to 0 or pipeline_stages "
-              "to 1.")
+        check_block_swap(self.block_swap, self.pipeline_stages)
         check(self.optimizer in OPTIMIZERS, f"memory.optimizer is {self.optimizer!r}: choose one of {', '.join(OPTIMIZERS)}.")
         check(self.base_dtype in BASE_DTYPES,
               f"memory.base_dtype is {self.base_dtype!r}: choose one of {', '.join(BASE_DTYPES)}.")
@@ -153,8 +147,6 @@ class SampleSpec:
         check(self.every >= 0, f"sample.every is {self.every}: use 0 (no samples) or a number of steps.")
         if not self.every:
             return
-        check(os.path.isfile(self.prompts_file), f"sample.prompts_file {self.prompts_file!r} does not exist: "
-              "re-queue TrainPipeline with sample prompts (it writes the file), or set sample.every to 0.")
         check(16 <= self.width <= 8192 and 16 <= self.height <= 8192,
               f"sample size {self.width}x{self.height}: use a width and height between 16 and 8192.")
         check(self.width % 8 == 0 and self.height % 8 == 0,

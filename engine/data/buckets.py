@@ -86,6 +86,24 @@ def bucket_sizes(resolution: int, ratios: tuple[float, ...], multiple: int) -> t
     return tuple(sizes)
 
 
+def merged_buckets_notice(resolutions: tuple[int, ...], ratios: tuple[float, ...], multiple: int) -> str:
+    """A notice when rounding to `multiple` merges aspect ratios into fewer bucket shapes (at resolution
+    64 with multiple 64, every ratio becomes 64x64), with the settings that keep them apart; '' if none."""
+    merged = [(r, bucket_sizes(r, ratios, multiple)) for r in resolutions
+              if ratios and len(bucket_sizes(r, ratios, multiple)) < len(ratios)]
+    if not merged:
+        return ""
+    r, sizes = merged[0]
+    finer = [m for m in (32, 16, 8) if m < multiple and len(bucket_sizes(r, ratios, m)) == len(ratios)]
+    fix = (f"Set bucket_multiple to {finer[0]} (if your model allows it) to keep all {len(ratios)} apart" if finer
+           else "Lower bucket_multiple")
+    shapes = ", ".join(f"{w}x{h}" for w, h in sizes)
+    more = f" (and at {', '.join(str(x) for x, _ in merged[1:])})" if len(merged) > 1 else ""
+    return (f"aspect_ratios: the {len(ratios)} ratios round to only {len(sizes)} bucket shape(s) at resolution {r} "
+            f"with bucket_multiple {multiple}{more}: {shapes}, so images of other shapes are center-cropped to "
+            f"those. {fix}, or raise the resolution.")
+
+
 def nearest_bucket(width: int, height: int, sizes: tuple[tuple[int, int], ...]) -> tuple[int, int]:
     """The bucket whose aspect ratio is nearest the image's on a log scale (ties: the first)."""
     if len(sizes) == 1:

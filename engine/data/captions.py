@@ -9,7 +9,8 @@ Policies (each reported by the dataset scan, naming the file):
 - A file of binary data (a picture or a document saved under the caption's name) is not text: its
   image trains with the empty caption rather than with a string of mojibake.
 - Control characters (NUL, escape codes...) are removed, and zero-width characters and BOMs at
-  the ends are stripped with the whitespace: they are never meant as text.
+  the ends are stripped with the whitespace: they are never meant as text. Line ends are made
+  '\n' (Windows '\r\n' and old Mac '\r'), so the same caption saved on any system is one text.
 - A caption is read up to _CAPTION_READ_BYTES and cut to MAX_CAPTION_CHARS: text encoders use a
   few hundred tokens at most, and a log or a book saved under an image's name would otherwise be
   tokenized whole (a 1 MB caption took minutes and 10 GB of memory in CacheLatents).
@@ -79,7 +80,7 @@ def read_caption(path: str) -> tuple[str, str | None, str]:
 
 
 def _clean(text: str) -> str:
-    text = _CONTROL.sub("", text)
+    text = _CONTROL.sub("", text).replace("\r\n", "\n").replace("\r", "\n")
     previous = None
     while text != previous:  # "\u200b a cat \ufeff": whitespace and invisible characters in any order
         previous, text = text, text.strip().strip(_INVISIBLE)

@@ -4,8 +4,8 @@ extension), so nothing is dropped without a word.
 
 Relative folders are resolved against a base folder (ComfyUI's input folder); `..` may leave it
 (absolute paths are allowed anyway). Surrounding quotes are removed, because "Copy as path" on
-Windows adds them; quotes also keep spaces at the ends of a name. On Linux/macOS a path with
-backslashes that does not exist is retried with '/'.
+Windows adds them; quotes also keep spaces at the ends of a name, and a '|' or a leading '#' in
+it. On Linux/macOS a path with backslashes that does not exist is retried with '/'.
 """
 from __future__ import annotations
 
@@ -25,6 +25,75 @@ def unquote(text: str) -> str:
     if len(text) >= 2 and text[0] == text[-1] and text[0] in "\"'":
         return text[1:-1]  # quoted: keep the spaces inside
     return text.strip("\"'").strip()
+
+
+def read_folder_lines(text: str, base_dir: str | None, default_repeats: int = 1
+                      ) -> tuple[list[tuple[str, int]], list[str]]:
+    """LoadDataset's 'folders' box -> ([(absolute folder, repeats)], notes on the lines not used).
+
+    One folder per line, optionally followed by '| repeats=N'. Blank lines and lines starting with
+    '#' are not used; each '#' line gets a note (naming the folder when one of that name exists,
+    with the quoted line that trains it). A quoted folder ends at its closing quote, so a '|' or a
+    leading '#' inside the quotes is part of its name.
+    """
+    folders, notes = [], []
+    for lineno, raw in enumerate(text.splitlines(), start=1):
+        line = raw.strip()
+        if not line:
+            continue
+        if line.startswith("#"):
+            notes.append(_comment_note(lineno, line, base_dir))
+            continue
+        typed, option = _split_line(line, lineno)
+        repeats = default_repeats if option is None else _repeats(option, line, lineno)
+        typed = unquote(typed)
+        if not typed:
+            raise DatasetError(f"folders line {lineno} ({line!r}) names no folder: write the folder before "
+                               "'|', e.g. 'cats | repeats=3'.")
+        folders.append((resolve_folder(typed, base_dir, lineno), repeats))
+    if not folders:
+        raise DatasetError("no dataset folders given: enter at least one folder, one per line (relative to ComfyUI's "
+                           "input folder, or absolute)." + "".join(f" {n}" for n in notes))
+    return folders, notes
+
+
+def _split_line(line: str, lineno: int) -> tuple[str, str | None]:
+    """(the folder as typed, the text after its '|' or None)."""
+    end = line.rfind(line[0]) if line[0] in "\"'" else 0
+    if end > 0:
+        rest = line[end + 1:].strip()
+        if not rest:
+            return line[:end + 1], None
+        if rest.startswith("|"):
+            return line[:end + 1], rest[1:]
+        raise DatasetError(f"folders line {lineno} ({line!r}) has {rest!r} after the quoted folder: only "
+                           "'| repeats=N' may follow it, e.g. '\"my cats\" | repeats=3'.")
+    if "|" in line:
+        # the option part is after the LAST '|', so a '|' in an unquoted folder name still works
+        path, _, option = line.rpartition("|")
+        return path, option
+    return line, None
+
+
+def _repeats(option: str, line: str, lineno: int) -> int:
+    key, eq, value = option.strip().replace(" ", "").partition("=")
+    if key.lower() != "repeats" or not eq or not value.isdigit() or int(value) < 1:
+        raise DatasetError(f"folders line {lineno} ({line!r}): after '|' write 'repeats=N' with N a whole number of "
+                           "1 or more, e.g. 'cats | repeats=3'. If the '|' is part of the folder's name, put the "
+                           "name in quotes: '\"a | b\"'.")
+    return int(value)
+
+
+def _comment_note(lineno: int, line: str, base_dir: str | None) -> str:
+    note = f"folders line {lineno} ({line!r}) starts with '#', so it is a comment and is not used"
+    path_part, bar, option = line.rpartition("|")
+    for typed, quoted in ((line, f'"{line}"'), (path_part.strip(), f'"{path_part.strip()}" |{option}')):
+        path = os.path.join(base_dir or "", os.path.expanduser(typed))
+        if typed and (os.path.isabs(path) or base_dir) and os.path.isdir(path):
+            return note + f": a folder named {typed!r} exists; to train it, write the line as {quoted}."
+        if not bar:
+            break
+    return note + "."
 
 
 def resolve_folder(typed: str, base_dir: str | None, lineno: int) -> str:
@@ -76,6 +145,21 @@ def resolve_extra_folder(typed: str, base_dir: str | None, setting: str) -> str:
 
 
 # ---- listing a dataset folder ----------------------------------------------------------------
+
+def outside_link(folder: str, name: str) -> str | None:
+    """Where the entry `name` of `folder` really is when it is a symbolic link that leaves the folder
+    (its target, resolved, is neither in the folder nor below it); None for plain files and links
+    that stay inside. The dataset scan skips such links unless follow_links is on."""
+    path = os.path.join(folder, name)
+    if not os.path.islink(path):
+        return None
+    target, root = os.path.realpath(path), os.path.realpath(folder)
+    try:
+        inside = os.path.commonpath([target, root]) == root
+    except ValueError:  # Windows: another drive
+        inside = False
+    return None if inside else target
+
 
 def list_dataset_folder(folder: str) -> FolderListing:
     try:

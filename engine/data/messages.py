@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import re
 
-from .buckets import kept_fraction, upscale_factor
+from .buckets import bucket_sizes, kept_fraction, upscale_factor
 from .images import IMAGE_EXTENSIONS, UNSUPPORTED_IMAGE_FORMATS, FolderListing
 
 EXAMPLES_SHOWN = 5  # how many file names an error or warning lists before "... and N more"
@@ -31,6 +31,12 @@ WARNINGS = (
                  "skipped: rename them: {examples}"),
     ("hidden", "{n} hidden file(s) (names starting with '.') are skipped; rename them without the leading dot to "
                "train on them: {examples}"),
+    ("outside_link", "{n} file(s) are links to a file outside their folder and are skipped (a linked mask or "
+                     "control image skips its image): copy the files into the folder, or turn on LoadDataset's "
+                     "follow_links if you trust where they point: {examples}"),
+    ("caption_link", "{n} caption file(s) are links to a file outside their folder and are not read; their images "
+                     "train with the empty caption: copy the captions into the folder, or turn on LoadDataset's "
+                     "follow_links if you trust where they point: {examples}"),
     ("missing", "{n} image(s) have no caption file ({ext}); they train with the empty caption: {examples}"),
     ("caption_unreadable", "{n} caption file(s) cannot be read; their images train with the empty caption: "
                            "{examples}"),
@@ -65,8 +71,8 @@ WARNINGS = (
     ("small", "{n} file(s) are smaller than the resolution ({res}) on their shorter side and are upscaled, which "
               "looks blurry to the model; use larger images or a lower resolution: {examples}"),
     ("aspect", "{n} file(s) are more than 3 times wider than tall (or taller than wide) for their bucket; only the "
-               "center part of that shape is trained, so crop them yourself to choose what is kept, or add aspect "
-               "ratios: {examples}"),
+               "center part of that shape is trained, so crop them yourself to choose what is kept, or {aspect_fix}: "
+               "{examples}"),
     # mask_folder / control_folder (engine/data/pairs.py)
     ("mask_missing", "{n} image(s) have no mask in mask_folder (the mask of a.png is a.<any image extension>); they "
                      "train unmasked: {examples}"),
@@ -91,6 +97,48 @@ WARNINGS = (
     ("huge", "{n} image(s) are over Pillow's decompression-bomb warning limit ({limit} megapixels); they load, but "
              "slowly and with a lot of memory: downscale them to speed up caching: {examples}"),
 )
+
+
+# The kinds whose files are not trained, in the words of the node's summary ("3 file(s) skipped: ...").
+SKIP_LABELS = {
+    "unreadable": "unreadable", "videos": "video(s) while video_frames is 0", "short": "video(s) shorter than a clip",
+    "unsupported": "in a format PipeTrain cannot read", "unlisted": "without a media extension", "hidden": "hidden",
+    "outside_link": "link(s) leaving their folder", "animated_video": "animated image(s) while video_frames is set",
+    "mask_video": "with a video as mask", "mask_unreadable": "with an unreadable mask",
+    "control_missing": "without a control image", "control_unreadable": "with an unreadable control image",
+}
+ReportRow = tuple  # (kind, how many, the first EXAMPLES_SHOWN names or notes)
+
+
+def grouped_report(report: dict[str, list[str]], fill: dict, notes: dict[str, list[str]]
+                   ) -> tuple[list[str], tuple[ReportRow, ...]]:
+    """(the warnings to show, one row per reason) from the scan's lists by kind, plus `notes`: kinds
+    whose entries are whole sentences already (subfolders, merged buckets)."""
+    warnings, rows = [], []
+    for kind, template in WARNINGS:
+        if report[kind]:
+            warnings.append(template.format(n=len(report[kind]), examples=examples(report[kind]), **fill))
+            rows.append((kind, len(report[kind]), tuple(report[kind][:EXAMPLES_SHOWN])))
+    for kind, texts in notes.items():
+        if texts:
+            warnings += texts
+            rows.append((kind, len(texts), tuple(texts[:EXAMPLES_SHOWN])))
+    return warnings, tuple(rows)
+
+
+def skipped_text(rows: tuple[ReportRow, ...]) -> str:
+    """'1 video(s) shorter than a clip, 1 animated image(s) while video_frames is set' for the summary."""
+    return ", ".join(f"{n} {SKIP_LABELS[kind]}" for kind, n, _ in rows if kind in SKIP_LABELS)
+
+
+def aspect_advice(spec) -> str:
+    """The end of the crop warning: what would keep more of such images with these bucket settings."""
+    if not spec.aspect_ratios:
+        return "set aspect_ratios (e.g. 'auto', or ratios as wide as theirs such as '3:1, 1:3')"
+    if len(bucket_sizes(spec.resolution, spec.aspect_ratios, spec.bucket_multiple)) < len(spec.aspect_ratios):
+        return ("give the aspect ratios room: at this resolution and bucket_multiple they round to fewer shapes "
+                "(see the notice on merged buckets), so lower bucket_multiple or raise the resolution")
+    return "add ratios as wide as theirs to aspect_ratios (e.g. '3:1, 1:3')"
 
 
 def examples(names: list[str]) -> str:

@@ -18,6 +18,8 @@ Policies (every case is listed by file name in the scan's warnings, engine/data/
   needs both). A control image is cropped and resized to its image's training size (bucket);
   one with another aspect ratio is listed, because its edges are cut.
 - files in either folder that match no image are listed: usually a naming mistake.
+- a mask or control image that is a link leaving its folder is not read (unless follow_links):
+  its image is skipped and listed, as for an unreadable one.
 
 Mask values: the grey level is the loss weight, white 1 and black 0. Transparent pixels count as
 black (the image is composited over black first); colour is converted to grey with Pillow's
@@ -38,6 +40,7 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image, ImageOps
 
+from .folders import outside_link
 from .images import (
     _HIGH_BIT_MODES,
     ImageReadError,
@@ -113,10 +116,11 @@ def _stat(path: str) -> PairedFile:
 class Pairing:
     """Attach masks and control images to scanned items; collects the report lists by warning kind."""
 
-    def __init__(self, mask_folder: str, control_folder: str, report: dict[str, list[str]]):
+    def __init__(self, mask_folder: str, control_folder: str, report: dict[str, list[str]],
+                 follow_links: bool = False):
         self.masks = _Folder(mask_folder, "mask_folder") if mask_folder else None
         self.controls = _Folder(control_folder, "control_folder") if control_folder else None
-        self.report = report
+        self.report, self.follow_links = report, follow_links
         self.counts = {"masked": 0, "unmasked": 0, "mask_skipped": 0, "controlled": 0, "control_skipped": 0}
 
     def attach(self, item):
@@ -135,6 +139,9 @@ class Pairing:
                 return None
             if path is None:
                 self.report["mask_missing"].append(item.path)
+            elif self._outside(path):  # not read: training it unmasked would train what the mask hides
+                self.counts["mask_skipped"] += 1
+                return None
             else:
                 try:
                     info = probe_image(path)
@@ -163,6 +170,8 @@ class Pairing:
         if path is None:
             self.report["control_missing"].append(item.path)
             return None
+        if self._outside(path):
+            return None
         try:
             info = probe_image(path)
             control = _stat(path)
@@ -177,6 +186,13 @@ class Pairing:
                                                  f"{item.width}x{item.height})")
         return control
 
+    def _outside(self, path: str) -> bool:
+        """Whether `path` is a link leaving its folder that follow_links does not allow (then reported)."""
+        target = None if self.follow_links else outside_link(os.path.dirname(path), os.path.basename(path))
+        if target:
+            self.report["outside_link"].append(f"{path} -> {target}")
+        return bool(target)
+
     def finish(self) -> None:
         for folder in (self.masks, self.controls):
             if folder is not None:
@@ -184,7 +200,8 @@ class Pairing:
 
 
 def pair_signature(mask_folder: str, control_folder: str) -> str:
-    """Names, sizes and mtimes of every file in the mask/control folders (for IS_CHANGED); '' when none."""
+    """Names, sizes, mtimes, ctimes and inodes of every file in the mask/control folders (for IS_CHANGED);
+    '' when none."""
     h = hashlib.sha256()
     for folder in (mask_folder, control_folder):
         if not folder:
@@ -193,7 +210,8 @@ def pair_signature(mask_folder: str, control_folder: str) -> str:
         for name in sorted(os.listdir(folder)):
             try:
                 st = os.stat(os.path.join(folder, name))
-                h.update(f"\0{name}\0{st.st_size}\0{st.st_mtime_ns}".encode("utf-8", "surrogateescape"))
+                h.update(f"\0{name}\0{st.st_size}\0{st.st_mtime_ns}\0{st.st_ctime_ns}\0{st.st_ino}".encode(
+                    "utf-8", "surrogateescape"))
             except OSError:
                 h.update(f"\0{name}\0-".encode("utf-8", "surrogateescape"))
     return h.hexdigest() if (mask_folder or control_folder) else ""

@@ -8,7 +8,8 @@ Folder line syntax (the LoadDataset node's `folders` box, parsed by `parse_folde
     one folder per line, optionally followed by `| repeats=N`:
         cats
         /data/dogs | repeats=3
-        # a comment; blank lines are ignored too
+        "/data/a | b" | repeats=2     (quoted: '|' and a leading '#' are part of the name)
+        # a comment: not used, and listed in the report; blank lines are ignored too
     Relative folders are resolved against ComfyUI's input folder (engine/data/folders.py).
 Loss masks and control images (`mask_folder`, `control_folder`) are paired with the scanned
 images in engine/data/pairs.py.
@@ -17,7 +18,8 @@ The scan never raises for a bad file: every skipped or altered file goes into gr
 naming the files and the fix; `validate` raises DatasetError only when nothing trainable is
 left. Videos are scanned only when `video_frames` is set (engine/data/video.py); the size each
 file trains at comes from engine/data/buckets.py (`DatasetSpec.sizes_for`, `cache_entries`). Captions: `<image stem><caption_ext>` (ignoring case if the exact name is missing); a.png
-and a.jpg share a.txt, and the scan says so. Hidden files (names starting with '.') are skipped.
+and a.jpg share a.txt, and the scan says so. Hidden files (names starting with '.') are skipped, and
+so are links that leave their folder unless `follow_links` (engine/data/folders.py: outside_link).
 """
 from __future__ import annotations
 
@@ -31,21 +33,24 @@ from typing import Any
 
 from PIL import Image
 
-from .buckets import bucket_sizes, nearest_bucket
+from .buckets import bucket_sizes, merged_buckets_notice, nearest_bucket
 from .captions import MAX_CAPTION_CHARS, read_caption
 from .folders import (
     caption_lookalikes,
     media_subfolders,
-    resolve_folder,
+    outside_link,
+    read_folder_lines,
     subfolder_warnings,
     unlisted_media,
-    unquote,
 )
 from .folders import list_dataset_folder as _list_folder
 from .images import UNSUPPORTED_IMAGE_FORMATS, ImageReadError, caption_name, name_key, probe_image
 from .messages import (
     EXAMPLES_SHOWN,
     DatasetError,
+    ReportRow,
+    aspect_advice,
+    grouped_report,
     note_image,
 )
 from .messages import WARNINGS as _WARNINGS
@@ -91,10 +96,12 @@ class DatasetSpec:
     frame_stride: int = 1  # take every N-th source frame
     mask_folder: str = ""  # absolute; loss masks by image name (engine/data/pairs.py); "" = none
     control_folder: str = ""  # absolute; control (reference) images of edit pairs; "" = none
+    follow_links: bool = False  # read files linked from outside their folder (off: skipped and listed)
 
     def to_dict(self) -> dict[str, Any]:
-        # mask/control folders only when set: the dicts of older specs stay equal (trust_cache compares them)
-        pairs = {k: v for k, v in (("mask_folder", self.mask_folder), ("control_folder", self.control_folder)) if v}
+        # optional settings only when set: the dicts of older specs stay equal (trust_cache compares them)
+        pairs = {k: v for k, v in (("mask_folder", self.mask_folder), ("control_folder", self.control_folder),
+                                   ("follow_links", self.follow_links)) if v}
         return {"folders": [f.to_dict() for f in self.folders], "resolution": self.resolution,
                 "caption_ext": self.caption_ext, "version": self.version, "aspect_ratios": list(self.aspect_ratios),
                 "extra_resolutions": list(self.extra_resolutions), "bucket_multiple": self.bucket_multiple,
@@ -151,6 +158,8 @@ class DatasetSpec:
             raise DatasetError(f"frame_stride is {self.frame_stride}: use a whole number from 1 (every frame) to 100.")
         if any(not (0 < a < 100) for a in self.aspect_ratios):
             raise DatasetError(f"aspect_ratios {list(self.aspect_ratios)}: every ratio must be a positive width/height.")
+        if not isinstance(self.follow_links, bool):
+            raise DatasetError(f"follow_links is {self.follow_links!r}: use true or false.")
         if not self.folders:
             raise DatasetError("no dataset folders given: enter at least one folder, one per line.")
         for f in self.folders:
@@ -193,32 +202,14 @@ def parse_folder_lines(text: str, base_dir: str | None, default_repeats: int = 1
 
     `base_dir` is where relative folders live (ComfyUI's input folder); None means only absolute
     folders are allowed. Missing folders are reported here, where we still know what was typed.
+    The lines not used are folder_line_notes' (engine/data/folders.py: read_folder_lines).
     """
-    folders = []
-    for lineno, raw in enumerate(text.splitlines(), start=1):
-        line = raw.strip()
-        if not line or line.startswith("#"):
-            continue
-        repeats = default_repeats
-        if "|" in line:
-            # rpartition: the option part is after the LAST '|', so a '|' in a folder name still works
-            path_part, _, opt = line.rpartition("|")
-            opt = opt.strip().replace(" ", "")
-            key, eq, value = opt.partition("=")
-            if key.lower() != "repeats" or not eq or not value.isdigit() or int(value) < 1:
-                raise DatasetError(f"folders line {lineno} ({line!r}): after '|' write 'repeats=N' with N a whole "
-                                   "number of 1 or more, e.g. 'cats | repeats=3'.")
-            repeats = int(value)
-            line = path_part
-        typed = unquote(line)
-        if not typed:
-            raise DatasetError(f"folders line {lineno} ({raw.strip()!r}) names no folder: write the folder before "
-                               "'|', e.g. 'cats | repeats=3'.")
-        folders.append(FolderSpec(path=resolve_folder(typed, base_dir, lineno), repeats=repeats))
-    if not folders:
-        raise DatasetError("no dataset folders given: enter at least one folder, one per line "
-                           "(relative to ComfyUI's input folder, or absolute).")
-    return tuple(folders)
+    return tuple(FolderSpec(path, repeats) for path, repeats in read_folder_lines(text, base_dir, default_repeats)[0])
+
+
+def folder_line_notes(text: str, base_dir: str | None) -> list[str]:
+    """One note per line of the folder box that is not used (a '#' comment), for the dataset report."""
+    return read_folder_lines(text, base_dir)[1]
 
 
 # ---- scanning ------------------------------------------------------------------------------
@@ -257,11 +248,14 @@ class ScanResult:
     warnings: tuple[str, ...]
     videos: tuple[str, ...] = ()  # skipped because video_frames is 0
     pair_counts: dict[str, int] = dataclasses.field(default_factory=dict)  # Pairing.counts; empty without folders
+    report: tuple[ReportRow, ...] = ()  # per reason: (kind, how many, the first names), in the order shown
+    skipped: int = 0  # media files found that are not trained, for any reason (the rows say which)
 
 
 def files_signature(spec: DatasetSpec) -> str:
-    """Hash of names, sizes and mtimes of images and captions; no file is opened (for IS_CHANGED)."""
-    h = hashlib.sha256(repr((spec.resolution, spec.caption_ext)).encode())
+    """Hash of names, sizes, mtimes, ctimes and inodes of images and captions; no file is opened (for
+    IS_CHANGED). ctime and inode: an edit that restores size and mtime (cp -p, rsync -t) still counts."""
+    h = hashlib.sha256(repr((spec.resolution, spec.caption_ext, spec.follow_links)).encode())
     if spec.bucketed:
         h.update(json.dumps(spec.to_dict(), sort_keys=True).encode("utf-8", "surrogateescape"))
     for folder in spec.folders:
@@ -272,7 +266,8 @@ def files_signature(spec: DatasetSpec) -> str:
             for p in (os.path.join(folder.path, name), os.path.join(folder.path, caption)):
                 try:
                     st = os.stat(p)
-                    h.update(f"\0{p}\0{st.st_size}\0{st.st_mtime_ns}".encode("utf-8", "surrogateescape"))
+                    h.update(f"\0{p}\0{st.st_size}\0{st.st_mtime_ns}\0{st.st_ctime_ns}\0{st.st_ino}".encode(
+                        "utf-8", "surrogateescape"))
                 except OSError:
                     h.update(f"\0{p}\0-".encode("utf-8", "surrogateescape"))
     h.update(pair_signature(spec.mask_folder, spec.control_folder).encode())
@@ -286,10 +281,12 @@ def scan_dataset(spec: DatasetSpec) -> ScanResult:
     unreadable: list[UnreadableFile] = []
     videos: list[str] = []
     subfolder_notes: list[str] = []
-    pairing = Pairing(spec.mask_folder, spec.control_folder, report)
+    candidates = 0  # media files found; those that are no item were skipped
+    pairing = Pairing(spec.mask_folder, spec.control_folder, report, spec.follow_links)
     for folder in spec.folders:
         listing = _list_folder(folder.path)
         join = lambda name: os.path.join(folder.path, name)  # noqa: E731
+        candidates += len(listing.images) + len(listing.videos) + len(listing.unsupported) + len(listing.hidden)
         if not spec.video_frames:
             videos += [join(n) for n in listing.videos]
         report["unsupported"] += [f"{join(n)} ({UNSUPPORTED_IMAGE_FORMATS[os.path.splitext(n)[1].lower()]})"
@@ -299,6 +296,9 @@ def scan_dataset(spec: DatasetSpec) -> ScanResult:
         lookalikes = caption_lookalikes(listing, spec.caption_ext)
         for name in listing.images + (listing.videos if spec.video_frames else []):
             path = join(name)
+            if not spec.follow_links and (target := outside_link(folder.path, name)):
+                report["outside_link"].append(f"{path} -> {target}")
+                continue
             try:
                 info = probe_video(path) if name in listing.videos else probe_image(path)
                 st = os.stat(path)
@@ -327,10 +327,12 @@ def scan_dataset(spec: DatasetSpec) -> ScanResult:
                 users.setdefault(cap_name, []).append(name)
                 if cap_name != os.path.splitext(name)[0] + spec.caption_ext:
                     report["caption_case"].append(f"{path} -> {cap_name}")
-                caption, kind, example = read_caption(join(cap_name))
+                target = None if spec.follow_links else outside_link(folder.path, cap_name)
+                caption, kind, example = ("", "caption_link", f"{join(cap_name)} -> {target}") if target \
+                    else read_caption(join(cap_name))
                 if kind:
                     report[kind].append(example)
-                if not caption and kind not in ("caption_unreadable", "caption_binary"):
+                if not caption and kind not in ("caption_unreadable", "caption_binary", "caption_link"):
                     report["empty_caption"].append(join(cap_name))
             else:
                 report["missing"].append(path)
@@ -346,19 +348,23 @@ def scan_dataset(spec: DatasetSpec) -> ScanResult:
                                      and n not in claimed]
         listed = (spec.mask_folder, spec.control_folder, *(f.path for f in spec.folders))  # scanned or paired already
         subfolder_notes += subfolder_warnings(folder.path, listing, listed)
-        report["unlisted"] += unlisted_media(folder.path, listing, spec.caption_ext)
+        unlisted = unlisted_media(folder.path, listing, spec.caption_ext)
+        report["unlisted"] += unlisted
+        candidates += len(unlisted)
     pairing.finish()
     report["unreadable"] = [u.reason for u in unreadable]
     report["videos"] = videos
     fill = {"ext": spec.caption_ext, "res": spec.resolution, "limit": (Image.MAX_IMAGE_PIXELS or 0) // 1_000_000,
-            "max_caption": MAX_CAPTION_CHARS,
+            "max_caption": MAX_CAPTION_CHARS, "aspect_fix": aspect_advice(spec),
             "need": needed_frames(spec.video_frames, spec.frame_stride)}
-    warnings = [template.format(n=len(report[kind]), examples=_examples(report[kind]), **fill)
-                for kind, template in _WARNINGS if report[kind]]
+    notice = merged_buckets_notice(spec.resolutions, spec.aspect_ratios, spec.bucket_multiple)
+    warnings, rows = grouped_report(report, fill, {"buckets_merged": [notice] if notice else [],
+                                                   "subfolder": subfolder_notes})
     missing = report["missing"]
     return ScanResult(tuple(items), MissingCaptions(len(missing), tuple(missing[:EXAMPLES_SHOWN])),
-                      tuple(unreadable), tuple(warnings + subfolder_notes), tuple(videos),
-                      {k: v for k, v in pairing.counts.items() if spec.mask_folder or spec.control_folder})
+                      tuple(unreadable), tuple(warnings), tuple(videos),
+                      {k: v for k, v in pairing.counts.items() if spec.mask_folder or spec.control_folder},
+                      rows, candidates - len(items))
 
 
 def validate(spec: DatasetSpec) -> ScanResult:

@@ -25,7 +25,8 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..config.checks import ConfigError, gpu_count
+from ..config.checks import ConfigError
+from ..config.rules import data_parallel_size
 from ..config.run import RunConfig, write_text_atomic
 
 DEFAULT_MASTER_PORT = 29500  # DeepSpeed's and torch.distributed's usual port
@@ -112,12 +113,7 @@ def plan(cfg: RunConfig, node_rank: int | None = None, master_addr: str | None =
     if c.node_rank >= len(hosts):
         raise ConfigError(f"node_rank is {c.node_rank} but the run has {len(hosts)} nodes: use 0 to "
                           f"{len(hosts) - 1} (0 = the master, {hosts[0][0]}).")
-    stages = cfg.memory.pipeline_stages
-    world = len(hosts) * per_node
-    if world % stages:
-        raise ConfigError(f"{gpu_count(len(hosts), per_node)} cannot be split into {stages} pipeline stages: "
-                          "use a total number of GPUs divisible by pipeline_stages (change num_gpus, the nodes, "
-                          "or pipeline_stages).")
+    data_parallel_size(len(hosts) * per_node, cfg.memory.pipeline_stages, len(hosts))  # now the hosts are known
     if not c.no_ssh and shutil.which("pdsh") is None:
         raise ConfigError("DeepSpeed reaches the nodes of a hostfile over ssh with pdsh, which is not installed "
                           "here: install pdsh (and passwordless ssh to every node), or set cluster.no_ssh and start "

@@ -27,7 +27,7 @@ from ..config.run import RunConfig
 from ..events import EventTail
 from . import cluster
 
-PACK_ROOT = Path(__file__).resolve().parent.parent
+PACK_ROOT = Path(__file__).resolve().parents[2]  # engine/launch/launcher.py -> the pack
 LOG_FILE = "train.log"
 
 
@@ -176,6 +176,7 @@ def _main(argv: list[str]) -> int:
     args = _parse(argv)
     try:
         cfg = RunConfig.load(args.config)
+        cfg.check_files()  # before launch; every rank checks its own node's copies again at start
         node = cluster.plan(cfg, args.node_rank, args.master_addr, args.master_port)
         if node is not None:  # fail fast, before the slow torch import (spawn checks again)
             cluster.check_master(node)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ..config.checks import ConfigError
+from ..config.checks import check_block_swap
 from ..config.sections import MemorySpec
 from .blocks import blocks
 
@@ -62,8 +62,7 @@ def apply_memory_options(model: nn.Module, spec: MemorySpec, device: torch.devic
     if spec.block_swap:
         from .block_swap import BlockSwapper
 
-        if device is None:
-            raise ConfigError("memory.block_swap needs pipeline_stages 1: set block_swap to 0 or pipeline_stages to 1.")
+        check_block_swap(spec.block_swap, spec.pipeline_stages)  # device is None only for pipeline stages
         plan.swapper = BlockSwapper(blocks(dm), spec.block_swap, device, prefetch=prefetch,
                                     checkpointed=spec.activation_checkpointing != "off")
     if spec.activation_checkpointing != "off":

@@ -42,3 +42,31 @@ def stage_backward(engine) -> None:
     engine._support_torch_style_backward = True
     if not engine.is_last_stage():
         engine._scale_wrt_gas = False
+
+
+class UnsafeCheckpoint(ValueError):
+    """A checkpoint file holds objects other than tensors and plain data."""
+
+
+def load_tensors_only(engine) -> None:
+    """Read this engine's checkpoint files with torch's weights-only unpickler.
+
+    DeepSpeed's checkpoint engine reads every checkpoint file with full pickle (torch.load with
+    weights_only=False), so a crafted run folder would run code on resume. Its files hold only
+    tensors and plain data (module and optimizer state, client state, config), which the
+    weights-only unpickler reads; anything else is refused with UnsafeCheckpoint.
+    """
+    import pickle
+
+    import torch
+
+    def load(path, map_location=None):
+        try:
+            return torch.load(path, map_location=map_location, weights_only=True)
+        except pickle.UnpicklingError as e:
+            raise UnsafeCheckpoint(
+                f"the checkpoint file {path} holds objects other than tensors and plain data, which PipeTrain "
+                "does not load (unpickling them could run code). Delete that checkpoint folder to resume from an "
+                f"earlier one, or start a new run. ({str(e).splitlines()[0]})") from None
+
+    engine.checkpoint_engine.load = load

@@ -2,7 +2,8 @@
 
 Every rank writes its part (DeepSpeed's rule); the plain backend writes one state file
 (engine/train/plain.py). A resume loads the newest one and refuses a checkpoint made with another
-backend, model or LoRA shape. The newest KEEP_CHECKPOINTS stay on each node.
+backend, model or LoRA shape, and reads only tensors and plain data (never arbitrary pickled
+objects). The newest KEEP_CHECKPOINTS stay on each node, and always the one `latest` names.
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from typing import Any
 import torch.distributed as tdist
 
 from ..config.run import write_text_atomic
+from ..patches.deepspeed import load_tensors_only
 
 KEEP_CHECKPOINTS = 2
 
@@ -40,6 +42,8 @@ def save_checkpoint(engine, root: Path, tag: str, client_state: dict[str, Any], 
 def resume(engine, root: Path, backend: str, signature: dict[str, Any]) -> int:
     """Load the newest checkpoint under `root` into the engine; returns its step."""
     check_backend(root, backend)
+    if backend == "deepspeed":
+        load_tensors_only(engine)  # the plain backend reads its state file weights-only itself
     _, client = engine.load_checkpoint(str(root), load_module_strict=False)
     if client.get("signature") != signature:
         raise ValueError(f"checkpoint in {root} was made for {client.get('signature')}, this run is "
@@ -59,7 +63,26 @@ def check_backend(root: Path, backend: str) -> None:
                          "Resume with the same backend, or start a new run.")
 
 
-def prune(root: Path, keep: int = KEEP_CHECKPOINTS) -> None:
-    tags = sorted(p for p in root.glob("step*") if p.is_dir())
-    for old in tags[:-keep]:
-        shutil.rmtree(old, ignore_errors=True)
+def step_of(folder: Path) -> int | None:
+    """The step of a checkpoint folder named step<N>, else None."""
+    name = folder.name
+    return int(name[4:]) if name.startswith("step") and name[4:].isdigit() else None
+
+
+def prune(root: Path, current: str, keep: int = KEEP_CHECKPOINTS) -> list[Path]:
+    """Delete old checkpoints after `current` (the tag just written) was saved; returns what went.
+
+    Kept: the newest `keep` checkpoints up to `current`, and always the one `latest` names (on
+    another node `latest` may still name the previous one while rank 0 has not yet moved it).
+    Removed: older ones, and folders of steps after `current`: what a kill or a full disk left
+    half-written before the run was resumed from an earlier checkpoint.
+    """
+    latest = (root / "latest").read_text().strip() if (root / "latest").is_file() else ""
+    now = step_of(root / current)
+    folders = sorted((f for f in root.glob("step*") if f.is_dir() and step_of(f) is not None), key=step_of)
+    leftovers = [f for f in folders if step_of(f) > now]
+    older = [f for f in folders if step_of(f) <= now]
+    doomed = [f for f in older[:-keep] + leftovers if f.name not in (latest, current)]
+    for folder in doomed:
+        shutil.rmtree(folder, ignore_errors=True)
+    return doomed

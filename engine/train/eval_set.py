@@ -24,6 +24,7 @@ from ..cache.reader import CachedDataset
 from ..config.checks import ConfigError
 from ..config.eval import EVAL_QUANTILES
 from ..config.run import RunConfig
+from ..latent_fit import accepted_channels, wanted_latents
 from . import distributed as dist
 from .objective import (
     _T_MAX,
@@ -63,13 +64,14 @@ class _Items:
 
 class EvalSet:
     def __init__(self, cfg: RunConfig, objective: DiffusionObjective, device: torch.device, replica: int,
-                 replicas: int, latent_channels: int):
+                 replicas: int):
         self.spec, self.objective, self.device = cfg.eval, objective, device
         self.dataset = CachedDataset(cfg.eval.cache_dir)
-        channels = self.dataset.latent_shape[0]
-        if channels != latent_channels:
-            raise ConfigError(f"the eval cache {cfg.eval.cache_dir} holds {channels}-channel latents but the model "
-                              f"expects {latent_channels}: cache the eval set with the same VAE as the training set.")
+        shape, fmt = self.dataset.latent_shape, objective.base.latent_format
+        if shape[0] not in accepted_channels(fmt, shape):
+            raise ConfigError(f"the eval cache {cfg.eval.cache_dir} holds {shape[0]}-channel latents but the model "
+                              f"expects {wanted_latents(fmt, shape)}: cache the eval set with the same VAE as the "
+                              "training set.")
         ms = objective.base.model_sampling
         lo, hi = objective.noise_range()
         self.sigmas = [float(ms.percent_to_sigma(1.0 - quantile_time(cfg.train.timestep_sampling, q, lo, hi)))
@@ -84,14 +86,14 @@ class EvalSet:
 
     @classmethod
     def create(cls, cfg: RunConfig, objective: DiffusionObjective, device: torch.device, engine,
-               pipelined: bool, latent_channels: int) -> EvalSet | None:
+               pipelined: bool) -> EvalSet | None:
         if not cfg.eval.enabled:
             return None
         if pipelined:
             replica, replicas = engine.grid.get_data_parallel_rank(), engine.grid.get_data_parallel_world_size()
         else:
             replica, replicas = dist.rank(), dist.world_size()
-        return cls(cfg, objective, device, replica, replicas, latent_channels)
+        return cls(cfg, objective, device, replica, replicas)
 
     def _batches(self):
         """(quantile index, Prepared) for this replica's pairs, each item read once."""

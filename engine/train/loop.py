@@ -44,6 +44,7 @@ class _StopFlag:
 
 def main(config_path: str) -> int:
     cfg = RunConfig.load(config_path)
+    cfg.check_files()  # this node's copies of the model, ComfyUI, the caches and the LoRA to start from
     from ..launch.comfy_bootstrap import import_comfy
 
     import_comfy(cfg.comfyui_root)
@@ -67,8 +68,10 @@ def main(config_path: str) -> int:
 
 def train(cfg: RunConfig, device: torch.device, events: EventLog) -> int:
     from ..cache.reader import CachedDataset
+    from ..config.rules import data_parallel_size
+    from ..latent_fit import accepted_channels, wanted_latents
     from ..memory.options import apply_memory_options
-    from ..models.loading import ModelLoadError, latent_channels, load_base_model
+    from ..models.loading import ModelLoadError, load_base_model
     from ..patches.probe_batch import probe_forward
     from ..patches.trainable import make_trainable
     from .lora import inject_lora, lora_parameters, lora_state_dict, lora_tensors
@@ -87,7 +90,7 @@ def train(cfg: RunConfig, device: torch.device, events: EventLog) -> int:
     dataset = CachedDataset(cfg.cache_dir)
     stream = SampleStream([dataset.repeats(i) for i in range(len(dataset))], seed=t.seed, buckets=dataset.buckets(),
                           batch=t.batch_size)  # batches never mix aspect buckets or caption lengths
-    replicas = world // cfg.memory.pipeline_stages  # data-parallel copies of the model
+    replicas = data_parallel_size(world, cfg.memory.pipeline_stages)  # data-parallel copies of the model
     samples_per_step = t.batch_size * t.grad_accum * replicas
     total_steps = t.steps if t.steps > 0 else steps_for_epochs(t.epochs, len(stream), samples_per_step)
 
@@ -97,11 +100,11 @@ def train(cfg: RunConfig, device: torch.device, events: EventLog) -> int:
     model = load_base_model(cfg, torch.device("cpu") if pipelined else device)
     apply_timestep_shift(model, t.timestep_shift)
     model.model_sampling.to(device)
-    cache_channels = dataset.latent_shape[0]
-    if cache_channels != latent_channels(model):
+    if dataset.latent_shape[0] not in accepted_channels(model.latent_format, dataset.latent_shape):
         raise ModelLoadError(
-            f"the cache holds {cache_channels}-channel latents but {os.path.basename(cfg.model_path)} expects "
-            f"{latent_channels(model)}: cache the dataset with this model's VAE.")
+            f"the cache holds {dataset.latent_shape[0]}-channel latents but {os.path.basename(cfg.model_path)} "
+            f"expects {wanted_latents(model.latent_format, dataset.latent_shape)}: cache the dataset with this "
+            "model's VAE.")
     # ComfyUI's training flag, and out-of-place block forwards only where the probe finds upstream's
     # in place (engine/patches): before LoRA and the memory options wrap the blocks.
     run_forward, context = probe_forward(DiffusionObjective(model, seed=t.seed), dataset, device)
@@ -148,7 +151,7 @@ def train(cfg: RunConfig, device: torch.device, events: EventLog) -> int:
     from .eval_set import EvalSet, report
 
     # Held-out eval loss at fixed noise (engine/train/eval_set.py): a collective, on every rank at the same steps.
-    evaluator = EvalSet.create(cfg, objective, device, engine, pipelined, cache_channels)
+    evaluator = EvalSet.create(cfg, objective, device, engine, pipelined)
 
     def evaluate(step: int) -> None:
         if evaluator is not None and cfg.eval.due(step, total_steps):
@@ -173,7 +176,7 @@ def train(cfg: RunConfig, device: torch.device, events: EventLog) -> int:
         checkpoints.save_checkpoint(engine, ckpt_root, tag, {"step": step, "signature": signature},
                                     deepspeed=cfg.launch.backend == "deepspeed")
         if dist.local_rank() == 0:  # every node prunes its own copy (no shared filesystem needed)
-            checkpoints.prune(ckpt_root)
+            checkpoints.prune(ckpt_root, tag)
         if rank == 0:
             events.emit("checkpoint", step=step, path=str(ckpt_root / tag))
 

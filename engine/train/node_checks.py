@@ -17,6 +17,7 @@ from typing import Any
 import torch
 import torch.distributed as tdist
 
+from ..config.rules import data_parallel_size
 from ..config.run import RunConfig
 from ..launch.cluster import ClusterError, explain_comm_failure
 from ..version import __version__
@@ -92,11 +93,7 @@ def check_agreement(cfg: RunConfig) -> list[dict[str, Any]]:
     problem = disagreement(facts, cfg.run_dir)
     if problem:
         raise ClusterError(problem)
-    world, stages = len(facts), cfg.memory.pipeline_stages
-    if world % stages:
-        nodes = len({f["node"] for f in facts})
-        raise ClusterError(f"{world} ranks on {nodes} node(s) cannot be split into {stages} pipeline stages: "
-                           "use a total number of GPUs divisible by pipeline_stages.")
+    data_parallel_size(len(facts), cfg.memory.pipeline_stages, len({f["node"] for f in facts}))
     return facts
 
 

@@ -20,6 +20,7 @@ import torch
 import torch.distributed as tdist
 
 from ..config.checks import ConfigError, split_points
+from ..config.rules import data_parallel_size
 from ..config.run import RunConfig
 from ..patches import deepspeed as ds_patches
 from .distributed import deepspeed_config
@@ -38,10 +39,7 @@ def build_engine(cfg: RunConfig, model, objective: DiffusionObjective, optimizer
     from ..models import adapter_for
 
     stages = cfg.memory.pipeline_stages
-    world = tdist.get_world_size()
-    if world % stages:
-        raise ConfigError(f"{world} processes cannot be split into {stages} pipeline stages: use a number of GPUs "
-                          f"divisible by pipeline_stages ({stages}).")
+    data_parallel_size(tdist.get_world_size(), stages)
     adapter = adapter_for(model)
     layers = [_BoundarySafe(layer) for layer in adapter.layers(model)]
     if dataset is not None:

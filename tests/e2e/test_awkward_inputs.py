@@ -9,6 +9,7 @@ CLIP in process; one slow test drives a real ComfyUI server. Every file is made 
 """
 from __future__ import annotations
 
+import dataclasses
 import io
 import os
 import threading
@@ -54,9 +55,12 @@ def test_caption_pipes_devices_and_pictures_are_reported_not_read(tmp_path, logs
     assert captions == {"fifo.png": "", "device.png": "", "picture.png": "", "invisible.png": "a red square",
                         "escape.png": "a red square", "ok.png": "a red square"}
     warned = logs()
-    assert "2 caption file(s) cannot be read; their images train with the empty caption" in warned
+    assert "1 caption file(s) cannot be read; their images train with the empty caption" in warned
     assert "fifo.txt is not a regular file (a pipe, socket or device): replace it with a UTF-8 text file" in warned
-    assert "device.txt is not a regular file" in warned
+    assert "device.txt -> /dev/zero" in warned  # a link out of the folder is not read (issue 22 item 10)
+    followed = ds.scan_dataset(dataclasses.replace(result["spec"], follow_links=True))  # followed: still not read
+    assert "device.txt is not a regular file" in "\n".join(followed.warnings)
+    assert {os.path.basename(i.path): i.caption for i in followed.items}["device.png"] == ""
     assert "1 caption file(s) hold binary data, not text" in warned
     assert "picture.txt (a PNG image saved under the caption's name)" in warned
     assert "caption file(s) are empty" not in warned  # each is reported once, as what it is

@@ -133,18 +133,6 @@ def test_comfyui_detection_on_the_header_finds_family_and_channels(files):
         preflight.detect(files["vae"])
 
 
-def test_latents_a_family_reshapes_before_its_model_still_fit(comfy_root):
-    """HunyuanImage 2.1's refiner trains on 64 channels made from the VAE's 32 (two frames packed): its
-    32-channel cache fits, a 16-channel one does not; families without packing need equal channels."""
-    import comfy.latent_formats as lf
-
-    refiner = preflight.Detected("HunyuanImage21Refiner", 64, latent_format=lf.HunyuanImage21Refiner())
-    assert preflight.latents_fit(refiner, (32, 3, 8, 8))
-    assert not preflight.latents_fit(refiner, (16, 3, 8, 8))
-    flux = preflight.Detected("Flux", 16, latent_format=lf.Flux())
-    assert preflight.latents_fit(flux, (16, 8, 8)) and not preflight.latents_fit(flux, (4, 8, 8))
-
-
 def test_model_cache_and_lora_mismatches_are_named(files, tmp_path):
     sd_cache = _cache(tmp_path, 4)
     assert preflight.check_model("unet", files["unet"], LoraSpec(rank=16), {"cache": sd_cache}).family == "SD15"

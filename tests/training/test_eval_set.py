@@ -148,8 +148,8 @@ def _cfg_dict(tmp_path, comfy_root, demo_base, cache_dir, eval_fields: dict) -> 
     ({"cache_dir": "", "every": 5, "quantiles": [0.5]}, "unknown setting"),
 ])
 def test_bad_eval_settings_are_refused_before_launch(tmp_path, comfy_root, demo_base, cache_dir, fields, needle):
-    with pytest.raises(ConfigError, match=needle):
-        RunConfig.from_dict(_cfg_dict(tmp_path, comfy_root, demo_base, cache_dir, fields))
+    with pytest.raises(ConfigError, match=needle):  # validation, then the file checks the node and ranks run
+        RunConfig.from_dict(_cfg_dict(tmp_path, comfy_root, demo_base, cache_dir, fields)).check_files()
 
 
 def test_node_refuses_an_eval_cache_of_another_vae_and_a_bad_noise_range(cache_dir):

@@ -13,8 +13,8 @@ from PipeTrain.engine.config.checks import ConfigError
 from PipeTrain.engine.config.run import RunConfig
 from PipeTrain.engine.config.sections import MemorySpec, SampleSpec
 from PipeTrain.engine.events import EventLog, history, read_events
-from PipeTrain.engine.sample_files import read_prompts
-from PipeTrain.engine.train.samples import SampleRenderer, read_samples, write_prompts
+from PipeTrain.engine.sample_files import read_prompts, read_samples, write_prompts
+from PipeTrain.engine.train.samples import SampleRenderer
 from engine_runs import build_cache, make_config, run_to_end
 
 pytestmark = pytest.mark.slow
@@ -111,8 +111,9 @@ def test_pipeline_stages_skip_samples_with_a_warning(tmp_path, comfy_root, demo_
 def test_bad_sample_settings_name_the_setting(tmp_path, comfy_root, demo_base, cache_dir, encoders):
     _, clip = encoders
     cfg = make_config(tmp_path / "bad", comfy_root, demo_base, cache_dir)
+    missing = RunConfig.from_dict({**cfg.to_dict(), "sample": {"every": 5, "prompts_file": str(tmp_path / "none")}})
     with pytest.raises(ConfigError, match="sample.prompts_file"):
-        RunConfig.from_dict({**cfg.to_dict(), "sample": {"every": 5, "prompts_file": str(tmp_path / "none")}})
+        missing.check_files()  # at each boundary (validation reads no file)
     cfg = _with_samples(cfg, _prompts_file(tmp_path / "prompts.safetensors", clip), sampler="no_such_sampler")
     with pytest.raises(ConfigError, match="sample.sampler 'no_such_sampler'.*euler"):
         SampleRenderer(cfg, model=None, device=torch.device("cpu"), events=EventLog(cfg.run_dir))

@@ -1,4 +1,4 @@
-// Browser test of the training view, driven by tests/browser/test_ui_browser.py against a real ComfyUI:
+// Browser test of the training view, driven by tests/ui/test_ui_browser.py against a real ComfyUI:
 // open the example workflow from ComfyUI's template browser, press Run, see the loss chart fill and a sample appear (strip and node
 // preview), reload the page mid-run and see the chart come back, press Cancel and see the run stop.
 // Screenshots go to <artifacts dir>; the last stdout line is a JSON summary for the Python side.

@@ -64,15 +64,43 @@ def test_unknown_and_mistyped_keys(tmp_path):
         RunConfig.from_dict(data)
 
 
-def test_missing_model_and_incomplete_cache(tmp_path):
+@pytest.mark.parametrize("section,key,needle", [
+    ("", "model_path", "model file .*nope does not exist: pick a file"),
+    ("", "comfyui_root", "comfyui_root .*nope is not a ComfyUI folder"),
+    ("", "cache_dir", r"cache .*nope is incomplete \(no manifest.json\): run CacheLatents again"),
+    ("lora", "init_from", "lora.init_from: the LoRA file .*nope does not exist"),
+    ("sample", "prompts_file", "sample.prompts_file .*nope' does not exist: re-queue"),
+    ("eval", "cache_dir", "eval.cache_dir .*nope is incomplete .*disconnect eval_cache"),
+])
+def test_missing_files_are_found_by_check_files_not_by_validation(tmp_path, section, key, needle):
+    """validate() reads no file (it runs wherever a config is built); check_files() runs at each boundary."""
     data = _valid(tmp_path).to_dict()
-    data["model_path"] = str(tmp_path / "nope.safetensors")
-    with pytest.raises(ConfigError, match="nope.safetensors does not exist"):
-        RunConfig.from_dict(data)
-    data = _valid(tmp_path).to_dict()
-    (tmp_path / "cache" / "manifest.json").unlink()
-    with pytest.raises(ConfigError, match="run CacheLatents again"):
-        RunConfig.from_dict(data)
+    part = data[section] if section else data
+    part[key] = str(tmp_path / "nope")
+    if section == "sample":
+        part["every"] = 5
+    cfg = RunConfig.from_dict(data)  # builds and validates
+    with pytest.raises(ConfigError, match=needle):
+        cfg.check_files()
+    _valid(tmp_path).check_files()  # every file there: passes
+
+
+def test_a_run_json_from_before_loads_even_where_its_files_are_gone(tmp_path):
+    """A run.json of an older PipeTrain (checkpointing as a boolean, no eval / cluster / noise range / block
+    swap settings) loads as it is; that its model is not on this machine is check_files' to say."""
+    old = {"run_name": "old_run", "run_dir": "/gone/run", "comfyui_root": "/gone/ComfyUI",
+           "model_path": "/gone/model.safetensors", "cache_dir": "/gone/cache", "resume": False, "version": 1,
+           "lora": {"rank": 8, "alpha": 0.0, "dropout": 0.0, "targets": "attention", "target_regex": "",
+                    "init_from": ""},
+           "memory": {"activation_checkpointing": True, "optimizer": "adamw", "pipeline_stages": 1},
+           "train": {"steps": 50, "learning_rate": 1e-4, "batch_size": 1, "grad_accum": 1, "seed": 0},
+           "launch": {"num_gpus": 1, "gpu_ids": "", "backend": "deepspeed"}}
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(old))
+    cfg = RunConfig.load(path)
+    assert cfg.memory.activation_checkpointing == "on" and cfg.eval.cache_dir == "" and cfg.train.max_t == 1.0
+    with pytest.raises(ConfigError, match="/gone/model.safetensors does not exist"):
+        cfg.check_files()
 
 
 def test_gpus_must_divide_into_stages(tmp_path):

@@ -208,8 +208,8 @@ def test_cancelled_run_resumes(m, encoders, dataset, comfy):
 
     with pytest.raises(comfy.model_management.InterruptProcessingException):
         _run(m, spec, Counting(encoders[0], on_encode=cancel_after_two), encoders[1])
-    fp_dir = m.fmt.cache_dir_for(spec, m.fmt.fingerprint(spec, m.data.scan_dataset(spec).items,
-                                                         m.ident.encoder_identity(*encoders)))
+    # the node's folder: plan_cache's fingerprint (file digests included: engine/cache/digests.py)
+    fp_dir = m.writer.plan_cache(spec, m.ident.encoder_identity(*encoders), lambda _: None).cache_dir
     stored = store_module.scan_shards(fp_dir)
     done = [i in stored for i in range(4)]
     # Item 2 may or may not be stored: ComfyUI itself checks the flag while loading the text

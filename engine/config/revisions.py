@@ -1,0 +1,104 @@
+"""Every revision of a run's config, and which changes a resume may make.
+
+run.json is the run's current config: a resume may rewrite it (the node does, a shell user may).
+Each start of a run keeps what it trains with as `<run_dir>/config_history/rev0001.json`, ...
+(`{"step": the step it starts from, "config": run.json's content}`), so the settings of every stretch
+of steps stay known. A resume whose settings would make it differ from an uninterrupted run is
+refused with the list of changed settings, unless run.json says `accept_changes: true`; then the
+changes are reported (the engine logs them as an event and in TensorBoard at the step they start).
+Plain data, no torch.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from .checks import ConfigError
+
+HISTORY = "config_history"
+
+# Settings a resume may change without changing what the run computes: how long it runs, when it
+# saves, what it shows, where and how it runs. Everything else (LoRA shape, learning rate, seed,
+# the dataset's cache, the model ...) must stay as the checkpoint was trained.
+SAME_RESULT = (
+    "run_name", "run_dir", "comfyui_root", "resume", "accept_changes", "version",
+    "train.steps", "train.epochs", "train.save_every", "train.checkpoint_every",
+    "memory.activation_checkpointing", "memory.block_swap", "memory.block_swap_sampling",
+    "memory.compile_blocks", "memory.expandable_segments",
+    "sample.", "eval.every", "eval.before_start", "launch.",
+)
+# Paths whose file name is the identity (the folders around it are node-local): the model file, and a
+# cache folder named by its dataset fingerprint.
+BY_NAME = ("model_path", "cache_dir", "eval.cache_dir", "lora.init_from")
+
+
+def flat(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """{"lora.alpha": 0.0, ...}: the config's settings under dotted names."""
+    out: dict[str, Any] = {}
+    for key, value in config.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out.update(flat(value, name + "."))
+        else:
+            out[name] = os.path.basename(os.path.normpath(value)) if name in BY_NAME and value else value
+    return out
+
+
+def result_changes(before: dict[str, Any], after: dict[str, Any]) -> list[tuple[str, Any, Any]]:
+    """(setting, before, after) for each setting that differs and changes what the run computes."""
+    a, b = flat(before), flat(after)
+    changed = []
+    for name in sorted(set(a) | set(b)):
+        if a.get(name) == b.get(name) or any(name == s or (s.endswith(".") and name.startswith(s))
+                                             for s in SAME_RESULT):
+            continue
+        changed.append((name, a.get(name), b.get(name)))
+    return changed
+
+
+def revisions(run_dir: str | os.PathLike) -> list[Path]:
+    folder = Path(run_dir) / HISTORY
+    return sorted(folder.glob("rev*.json")) if folder.is_dir() else []
+
+
+def last_revision(run_dir: str | os.PathLike) -> dict[str, Any] | None:
+    """The newest kept revision ({"step", "config"}), or None for a run that never started."""
+    kept = revisions(run_dir)
+    if not kept:
+        return None
+    try:
+        return json.loads(kept[-1].read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as e:
+        raise ConfigError(f"the run's config history {kept[-1]} cannot be read ({e}): restore it, or start a "
+                          "new run.") from e
+
+
+def check_resume(run_dir: str | os.PathLike, config: dict[str, Any]) -> list[tuple[str, Any, Any]]:
+    """The result-changing settings this resume changes since the last start ([] for none, or for a run
+    that kept no history). Raises ConfigError listing them unless config['accept_changes'] is true."""
+    last = last_revision(run_dir)
+    if last is None:
+        return []
+    changed = result_changes(last["config"], config)
+    if changed and not config.get("accept_changes"):
+        listed = "; ".join(f"{name}: {old!r} -> {new!r}" for name, old, new in changed)
+        raise ConfigError(f"resuming {run_dir} with changed settings would train differently from an uninterrupted "
+                          f"run (its last start, at step {last['step']}, had other values): {listed}. Set them back to resume it, start a new run "
+                          "for new settings, or set accept_changes (TrainPipeline's 'accept_changes' input, or "
+                          "\"accept_changes\": true in run.json) to continue with them.")
+    return changed
+
+
+def record(run_dir: str | os.PathLike, config: dict[str, Any], step: int) -> Path:
+    """Keep `config` as the next revision, starting at `step` (temp-then-rename); returns its path."""
+    folder = Path(run_dir) / HISTORY
+    folder.mkdir(parents=True, exist_ok=True)
+    kept = revisions(run_dir)
+    number = int(kept[-1].stem[3:]) + 1 if kept else 1
+    path = folder / f"rev{number:04d}.json"
+    tmp = folder / f".{path.name}.tmp{os.getpid()}"
+    tmp.write_text(json.dumps({"step": step, "config": config}, indent=2, sort_keys=True), encoding="utf-8")
+    os.replace(tmp, path)
+    return path

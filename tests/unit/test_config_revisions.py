@@ -1,0 +1,67 @@
+"""The run's config revisions (engine/config/revisions.py): what a resume may change, what it may not."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from PipeTrain.engine.config.checks import ConfigError
+from PipeTrain.engine.config.revisions import check_resume, record, result_changes, revisions
+
+BASE = {"run_name": "r", "run_dir": "/a/r", "model_path": "/models/flux.safetensors",
+        "cache_dir": "/data/.pipetrain_cache/0123456789abcdef", "resume": False,
+        "lora": {"rank": 16, "alpha": 0.0, "dropout": 0.0},
+        "train": {"steps": 100, "learning_rate": 1e-3, "seed": 0, "checkpoint_every": 10},
+        "memory": {"optimizer": "adamw", "activation_checkpointing": "off"},
+        "sample": {"every": 0}, "launch": {"num_gpus": 1}}
+
+
+def changed(**sections):
+    out = json.loads(json.dumps(BASE))
+    for key, value in sections.items():
+        section, _, name = key.partition("__")
+        if name:
+            out[section][name] = value
+        else:
+            out[section] = value
+    return out
+
+
+def test_the_issue_case_lists_every_changed_setting(tmp_path):
+    record(tmp_path, BASE, 0)
+    new = changed(lora__alpha=64.0, lora__dropout=0.5, train__learning_rate=0.05)
+    with pytest.raises(ConfigError) as e:
+        check_resume(tmp_path, new)
+    for text in ("lora.alpha: 0.0 -> 64.0", "lora.dropout: 0.0 -> 0.5", "train.learning_rate: 0.001 -> 0.05",
+                 "accept_changes"):
+        assert text in str(e.value)
+
+
+def test_another_dataset_is_a_change_a_moved_folder_is_not(tmp_path):
+    record(tmp_path, BASE, 0)
+    assert check_resume(tmp_path, changed(cache_dir="/mnt/copy/.pipetrain_cache/0123456789abcdef",
+                                          model_path="/other/models/flux.safetensors", run_dir="/b/r")) == []
+    with pytest.raises(ConfigError, match="cache_dir: '0123456789abcdef' -> 'fedcba9876543210'"):
+        check_resume(tmp_path, changed(cache_dir="/data/.pipetrain_cache/fedcba9876543210"))
+
+
+def test_longer_runs_other_gpus_samples_and_checkpointing_are_fine(tmp_path):
+    record(tmp_path, BASE, 0)
+    assert check_resume(tmp_path, changed(train__steps=500, train__checkpoint_every=50, launch={"num_gpus": 2},
+                                          sample={"every": 10}, memory__activation_checkpointing="on",
+                                          resume=True)) == []
+
+
+def test_accepted_changes_are_returned_and_every_start_is_kept(tmp_path):
+    assert check_resume(tmp_path, BASE) == []  # a run that never started has nothing to differ from
+    record(tmp_path, BASE, 0)
+    new = {**changed(train__learning_rate=5e-4), "accept_changes": True}
+    assert check_resume(tmp_path, new) == [("train.learning_rate", 1e-3, 5e-4)]
+    record(tmp_path, new, 40)
+    assert [p.name for p in revisions(tmp_path)] == ["rev0001.json", "rev0002.json"]
+    assert json.loads(revisions(tmp_path)[0].read_text())["config"]["train"]["learning_rate"] == 1e-3
+    assert check_resume(tmp_path, {**new, "accept_changes": False}) == []  # compared with the newest start
+
+
+def test_result_changes_ignores_equal_values():
+    assert result_changes(BASE, json.loads(json.dumps(BASE))) == []

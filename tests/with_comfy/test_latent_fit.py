@@ -1,0 +1,54 @@
+"""engine/latent_fit.py on ComfyUI's own latent formats: which cache channel counts each model takes
+(the one rule nodes/preflight.py, engine/train/loop.py and engine/train/eval_set.py share)."""
+import pytest
+
+import family_configs as fc
+from PipeTrain.engine.latent_fit import accepted_channels, wanted_latents
+
+pytestmark = pytest.mark.core
+
+
+@pytest.fixture(scope="module")
+def formats(comfy_root):
+    from PipeTrain.engine.launch.comfy_bootstrap import import_comfy
+
+    import_comfy(comfy_root)
+    import comfy.latent_formats
+
+    return comfy.latent_formats
+
+
+def test_hunyuan_image_21_refiner_takes_32_channels_it_packs_into_64(formats):
+    refiner = formats.HunyuanImage21Refiner()
+    assert refiner.latent_channels == 64
+    assert accepted_channels(refiner, (32, 1, 8, 8)) == (32,)  # one image frame, packed with itself
+    assert accepted_channels(refiner, (64, 3, 8, 8)) == (32,)  # the channels asked about do not matter
+    assert wanted_latents(refiner, (64, 1, 8, 8)) == "32-channel latents (packed into 64)"
+    assert accepted_channels(refiner, (32, 2, 8, 8)) == ()  # an even frame count cannot pair with the first
+
+
+def test_a_cache_of_another_layout_is_told_the_layout_the_model_takes(formats):
+    assert accepted_channels(formats.Wan21(), (16, 8, 8)) == ()  # an image cache for a video model
+    assert wanted_latents(formats.Wan21(), (16, 8, 8)) == "16-channel latents shaped (channels, frames, height, width)"
+    assert wanted_latents(formats.HunyuanImage21Refiner(), (32, 2, 8, 8)) == \
+        "32-channel latents (packed into 64) shaped (channels, frames, height, width)"
+
+
+@pytest.mark.parametrize("name,shape,channels", [
+    ("SD15", (4, 8, 8), 4), ("Flux", (16, 8, 8), 16), ("Wan21", (16, 3, 8, 8), 16), ("Wan22", (48, 3, 8, 8), 48),
+    ("HunyuanImage21", (64, 8, 8), 64), ("LTXV", (128, 2, 4, 4), 128),
+])
+def test_families_that_keep_the_channels_take_exactly_their_latent_channels(formats, name, shape, channels):
+    """Wan's per-channel mean would broadcast a 1-channel latent to 16: process_out must give the shape back."""
+    fmt = getattr(formats, name)()
+    assert accepted_channels(fmt, shape) == (channels,)
+    assert wanted_latents(fmt, shape) == f"{channels}-channel latents"
+
+
+@pytest.mark.parametrize("family", fc.FAMILIES, ids=[f.name for f in fc.FAMILIES])
+def test_every_familys_cached_latents_fit_its_model(formats, family):
+    """The raw VAE latent each family's tests cache (tests/family_configs.py) is one its model takes."""
+    import comfy.supported_models
+
+    fmt = getattr(comfy.supported_models, family.supported).latent_format()
+    assert family.latent[0] in accepted_channels(fmt, family.latent)
