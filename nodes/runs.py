@@ -10,7 +10,9 @@ import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from ..engine.config import revisions
 from ..engine.config.checks import MAX_NAME_CHARS, ConfigError, check_run_name
+from ..engine.config.run import RunConfig
 
 RESUME_OFF = "off"
 RESUME_LATEST = "latest"
@@ -88,9 +90,11 @@ def checkpoint_step(run_dir: str | Path) -> int | None:
     return int(found.group(1)) if found else None
 
 
-def check_resume(run_dir: Path, steps: int, model_path: str, lora) -> None:
-    """Before a resumed run's run.json is replaced: refuse what the checkpoint cannot continue."""
+def check_resume(run_dir: Path, cfg: RunConfig) -> None:
+    """Before a resumed run's run.json is replaced: refuse what the checkpoint cannot continue, and a change
+    of settings that would make it differ from an uninterrupted run (engine/config/revisions.py)."""
     done = checkpoint_step(run_dir)
+    steps = cfg.train.steps
     if done is not None and 0 < steps <= done:
         raise ConfigError(f"resume: run {run_dir.name!r} is already at step {done} and steps is {steps}, so there "
                           f"is nothing left to train: raise steps above {done} to train further (steps counts "
@@ -100,14 +104,15 @@ def check_resume(run_dir: Path, steps: int, model_path: str, lora) -> None:
         old_model, old_lora = Path(old["model_path"]).name, old["lora"]
     except (OSError, ValueError, KeyError, TypeError):
         return  # the engine compares the checkpoint's own record of model and LoRA
-    changed = [f"model {old_model} -> {Path(model_path).name}"] if old_model != Path(model_path).name else []
+    changed = [f"model {old_model} -> {Path(cfg.model_path).name}"] if old_model != Path(cfg.model_path).name else []
     for key in ("rank", "targets", "target_regex"):
-        if old_lora.get(key) != getattr(lora, key):
-            changed.append(f"lora {key} {old_lora.get(key)!r} -> {getattr(lora, key)!r}")
+        if old_lora.get(key) != getattr(cfg.lora, key):
+            changed.append(f"lora {key} {old_lora.get(key)!r} -> {getattr(cfg.lora, key)!r}")
     if changed:
         raise ConfigError(f"resume: run {run_dir.name!r} was trained with other settings ({'; '.join(changed)}); "
                           "its checkpoint only continues with the same model and LoRA layout. Restore them, or set "
                           "resume to 'off' for a new run.")
+    revisions.check_resume(run_dir, cfg.to_dict(), before=old)  # runs of older versions kept no history
 
 
 def summary_text(result: RunResult) -> str:

@@ -122,6 +122,11 @@ class PipeTrainTrainPipeline:
                 **_sample_inputs(),
                 **_eval_inputs(),  # later additions stay at the end: saved workflows store widgets by position
                 **_noise_range_inputs(),
+                "accept_changes": ("BOOLEAN", {"default": False, "tooltip":
+                                   "Resume only: continue even though settings changed that make the run differ "
+                                   "from an uninterrupted one (learning rate, LoRA alpha or dropout, dataset ...). "
+                                   "Off = such a resume is refused with the list of changes. Every start's settings "
+                                   "are kept in the run folder (config_history/)."}),
             },
             "hidden": {"unique_id": "UNIQUE_ID", "prompt": "PROMPT"},  # prompt: check_save_names
         }
@@ -131,7 +136,8 @@ class PipeTrainTrainPipeline:
               gpu_ids="", timestep_sampling="uniform", timestep_shift=0.0, backend="auto", clip=None, vae=None,
               cluster=None, sample_prompts="", sample_negative="", sample_every=100, sample_width=512, sample_height=512,
               sample_steps=20, sample_cfg=1.0, sample_seed=0, sample_sampler="euler", sample_scheduler="simple",
-              eval_cache=None, eval_every=100, eval_before_start=True, min_t=0.0, max_t=1.0, unique_id=None,
+              eval_cache=None, eval_every=100, eval_before_start=True, min_t=0.0, max_t=1.0, accept_changes=False,
+              unique_id=None,
               prompt=None):
         model_path = compat.full_path("diffusion_models", model_name) or compat.full_path("checkpoints", model_name)
         if not model_path:
@@ -148,7 +154,7 @@ class PipeTrainTrainPipeline:
         cfg = RunConfig(run_name=run_name.strip(), run_dir="", comfyui_root=compat.comfyui_root(),
                         model_path=model_path, cache_dir=cache.cache_dir, lora=lora, memory=memory, train=train,
                         launch=launch, eval=eval_spec(eval_cache, cache, eval_every, eval_before_start),
-                        resume=resume != RESUME_OFF)
+                        resume=resume != RESUME_OFF, accept_changes=bool(accept_changes))
         cfg.validate()  # every setting and rule, once (reads no file); each rank validates run.json again
         cfg.check_files()  # before any folder is made; the samples' prompts file is written below
         cuda = check_devices(launch)
@@ -169,7 +175,7 @@ class PipeTrainTrainPipeline:
             run_dir = new_run_dir(output, cfg.run_name)
         else:
             run_dir = resume_run_dir(output, resume)
-            check_resume(run_dir, train.steps, model_path, lora)
+            check_resume(run_dir, cfg)
         cfg = dataclasses.replace(cfg, run_name=run_dir.name, run_dir=str(run_dir))
         if samples is not None:  # encoded with the graph's CLIP now; the engine never loads a text encoder
             samples = dataclasses.replace(samples, prompts_file=write_prompt_file(str(run_dir), prompts,

@@ -47,10 +47,11 @@ def flat(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def result_changes(before: dict[str, Any], after: dict[str, Any]) -> list[tuple[str, Any, Any]]:
-    """(setting, before, after) for each setting that differs and changes what the run computes."""
+    """(setting, before, after) for each setting that differs and changes what the run computes. A setting
+    only one side has (added in a later PipeTrain) ran at its default then, and is not compared."""
     a, b = flat(before), flat(after)
     changed = []
-    for name in sorted(set(a) | set(b)):
+    for name in sorted(set(a) & set(b)):
         if a.get(name) == b.get(name) or any(name == s or (s.endswith(".") and name.startswith(s))
                                              for s in SAME_RESULT):
             continue
@@ -75,19 +76,22 @@ def last_revision(run_dir: str | os.PathLike) -> dict[str, Any] | None:
                           "new run.") from e
 
 
-def check_resume(run_dir: str | os.PathLike, config: dict[str, Any]) -> list[tuple[str, Any, Any]]:
-    """The result-changing settings this resume changes since the last start ([] for none, or for a run
-    that kept no history). Raises ConfigError listing them unless config['accept_changes'] is true."""
+def check_resume(run_dir: str | os.PathLike, config: dict[str, Any],
+                 before: dict[str, Any] | None = None) -> list[tuple[str, Any, Any]]:
+    """The result-changing settings this resume changes since the last start ([] for none). `before`:
+    the config to compare with when the run kept no history (its run.json from an older PipeTrain).
+    Raises ConfigError listing them unless config['accept_changes'] is true."""
     last = last_revision(run_dir)
-    if last is None:
+    if last is None and before is None:
         return []
-    changed = result_changes(last["config"], config)
+    previous = last["config"] if last is not None else before
+    changed = result_changes(previous, config)
     if changed and not config.get("accept_changes"):
         listed = "; ".join(f"{name}: {old!r} -> {new!r}" for name, old, new in changed)
         raise ConfigError(f"resuming {run_dir} with changed settings would train differently from an uninterrupted "
-                          f"run (its last start, at step {last['step']}, had other values): {listed}. Set them back to resume it, start a new run "
-                          "for new settings, or set accept_changes (TrainPipeline's 'accept_changes' input, or "
-                          "\"accept_changes\": true in run.json) to continue with them.")
+                          f"run: {listed}. Set them back to resume it, start a new run for new settings, or turn on "
+                          "accept_changes (TrainPipeline's input, or \"accept_changes\": true in run.json) to "
+                          "continue with them.")
     return changed
 
 

@@ -44,6 +44,7 @@ class RunConfig:
     sample: SampleSpec = field(default_factory=SampleSpec)
     eval: EvalSpec = field(default_factory=EvalSpec)  # held-out eval set (engine/config/eval.py)
     resume: bool = False  # continue from the newest checkpoint in run_dir/checkpoints
+    accept_changes: bool = False  # resume even with settings that change the result (engine/config/revisions.py)
     version: int = CONFIG_VERSION
 
     def validate(self) -> None:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from ..config import revisions
 from ..config.run import RunConfig
 from ..events import EventLog
 from ..version import __version__
@@ -82,6 +83,10 @@ def train(cfg: RunConfig, device: torch.device, events: EventLog) -> int:
 
     run_dir = Path(cfg.run_dir)
     rank, world = dist.rank(), dist.world_size()
+    # A resume with settings that change the result is refused here, before the model loads (the node
+    # refuses it before launch too); accepted changes are logged once the start step is known.
+    resuming = cfg.resume and (run_dir / "checkpoints" / "latest").exists()
+    changes = revisions.check_resume(run_dir, cfg.to_dict()) if resuming else []
     t = cfg.train
     stop = _StopFlag(run_dir)
     launched = time.time()
@@ -139,12 +144,20 @@ def train(cfg: RunConfig, device: torch.device, events: EventLog) -> int:
     start_step = 0
     if cfg.resume and (ckpt_root / "latest").exists():
         start_step = checkpoints.resume(engine, ckpt_root, cfg.launch.backend, signature)
+    if rank == 0:
+        revisions.record(run_dir, cfg.to_dict(), start_step)  # the settings of the steps from here on
 
     layout = node_checks.rank_layout(engine, pipelined)  # node, stage and replica of every rank
     events.emit("started", step=start_step, total=total_steps, world_size=world, device=str(device),
                 lora_targets=len(targets), trainable_params=sum(p.numel() for p in params),
                 samples=len(stream), setup_seconds=round(time.time() - launched, 2), ranks=layout)
     tb = _tensorboard(run_dir) if rank == 0 else None
+    if changes and rank == 0:
+        listed = [{"setting": name, "before": old, "after": new} for name, old, new in changes]
+        events.emit("config_changed", step=start_step, changes=listed)
+        if tb is not None:
+            tb.add_text("config/changes", "; ".join(f"{c['setting']}: {c['before']!r} -> {c['after']!r}"
+                                                    for c in listed), start_step)
     from .samples import SampleRenderer
     renderer = SampleRenderer.create(cfg, model, device, events, rank, memory)  # samples with the current LoRA (rank 0)
     meta = _lora_metadata(cfg, dataset.fingerprint)

@@ -12,7 +12,8 @@ import pytest
 from PipeTrain.engine.cache.format import CacheSpec
 from PipeTrain.engine.config.checks import ConfigError
 from PipeTrain.engine.config.launch import LaunchSpec
-from PipeTrain.engine.config.sections import LoraSpec, SampleSpec
+from PipeTrain.engine.config.run import RunConfig
+from PipeTrain.engine.config.sections import LoraSpec, SampleSpec, TrainSpec
 from PipeTrain.engine.config.checks import check_run_name
 from PipeTrain.nodes import preflight
 from PipeTrain.nodes.runs import check_resume, new_run_dir
@@ -99,11 +100,15 @@ def test_resume_refuses_what_the_checkpoint_cannot_continue(tmp_path):
     (run / "checkpoints" / "latest").write_text("step000012")
     (run / "run.json").write_text(json.dumps({"model_path": "/m/a.safetensors", "lora": {
         "rank": 8, "targets": "attention", "target_regex": ""}}))
+
+    def cfg(steps, model, rank):
+        return RunConfig(run_name="r", run_dir=str(run), comfyui_root="/c", model_path=model, cache_dir="/d",
+                         lora=LoraSpec(rank=rank), train=TrainSpec(steps=steps))
     with pytest.raises(ConfigError, match="already at step 12 and steps is 12.*raise steps above 12"):
-        check_resume(run, 12, "/m/a.safetensors", LoraSpec(rank=8))
+        check_resume(run, cfg(12, "/m/a.safetensors", 8))
     with pytest.raises(ConfigError, match="model a.safetensors -> b.safetensors; lora rank 8 -> 4"):
-        check_resume(run, 20, "/other/b.safetensors", LoraSpec(rank=4))
-    check_resume(run, 20, "/m/a.safetensors", LoraSpec(rank=8))
+        check_resume(run, cfg(20, "/other/b.safetensors", 4))
+    check_resume(run, cfg(20, "/m/a.safetensors", 8))
     assert (run / "run.json").read_text().startswith("{")  # a refused resume leaves the run as it was
 
 
