@@ -9,6 +9,9 @@ engine/models/stage_check.py checks it again at the start of every pipelined run
 Where ComfyUI versions differ, an adapter follows what the host's objects have (a block's options,
 a model's methods or settings), not a version number.
 Each adapter also names its default stage cut (`partition`: DeepSpeed's "uniform" or "parameters").
+What adapters share lives once: common.py (every adapter's base layers, refusals and helpers),
+flux_family.py (Flux.1 and FLUX.2's layers, Chroma's unpatchify), cosmos_family.py (both Cosmos
+adapters) and references.py (reference latents: Flux, Qwen-Image-Edit, HunyuanVideo).
 Models without an adapter still train through the generic path with pipeline_stages = 1.
 """
 from __future__ import annotations

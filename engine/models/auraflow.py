@@ -20,11 +20,13 @@ from torch import nn
 from ..config.checks import ConfigError
 from ..train.objective import transformer_options
 from .common import (
+    BlockLayer,
     EmbedLayer,
     HeadLayer,
     apply_model_start,
     refuse_unhandled,
     require_text,
+    two_stream_layers,
 )
 
 _HANDLED = {"c_crossattn"}
@@ -74,25 +76,16 @@ class _Embed(EmbedLayer):
         return x + table[:, top:top + h, left:left + w].reshape(1, -1, self.positional_encoding.shape[-1])
 
 
-class _Double(nn.Module):
-    def __init__(self, block, join: bool):
-        super().__init__()
-        self.block = block
-        self.join = join  # the last double layer hands the single layers one joint sequence
-
+class _Double(BlockLayer):
     def forward(self, inputs):
         c, x, global_cond, xt, sigma = inputs
         c, x = self.block(c, x, global_cond, transformer_options=transformer_options(sigma))
-        if self.join:
+        if self.join:  # the last double layer hands the single layers one joint sequence
             return torch.cat([c, x], dim=1), global_cond, xt, sigma
         return c, x, global_cond, xt, sigma
 
 
-class _Single(nn.Module):
-    def __init__(self, block):
-        super().__init__()
-        self.block = block
-
+class _Single(BlockLayer):
     def forward(self, inputs):
         cx, global_cond, xt, sigma = inputs
         return self.block(cx, global_cond, transformer_options=transformer_options(sigma)), global_cond, xt, sigma
@@ -140,8 +133,4 @@ class AuraFlowAdapter:
         if not len(dm.single_layers):
             raise ConfigError("this AuraFlow model has no single layers, which ComfyUI cannot run either (its last "
                               "double layer has no text output). Use a standard AuraFlow file.")
-        doubles = len(dm.double_layers)
-        return [_Embed(base_model, join=doubles == 0),
-                *[_Double(b, join=i == doubles - 1) for i, b in enumerate(dm.double_layers)],
-                *[_Single(b) for b in dm.single_layers],
-                _Head(base_model)]
+        return two_stream_layers(base_model, _Embed, _Double, _Single, _Head, dm.double_layers, dm.single_layers)

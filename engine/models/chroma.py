@@ -23,15 +23,18 @@ from torch import nn
 
 from ..config.checks import ConfigError
 from .common import (
+    BlockLayer,
     EmbedLayer,
     HeadLayer,
     apply_model_start,
-    block_options,
     keep_in_graph,
+    patch_grid,
     patch_tokens,
     refuse_unhandled,
+    require_final_layer,
     with_img_slice,
 )
+from .flux_family import unpatchify
 
 # The kwargs of model.extra_conds this adapter reproduces; y and the reference latents are ones
 # Chroma's own forward takes and ignores.
@@ -64,7 +67,7 @@ class _Embed(EmbedLayer):
         bs, _, h, w = xc.shape
         x = _pad(xc, p)
         img = rearrange(x, "b c (h ph) (w pw) -> b (h w) (c ph pw)", ph=p, pw=p)
-        h_len, w_len = (h + p // 2) // p, (w + p // 2) // p
+        h_len, w_len = patch_grid(h, w, p)
         img_ids = torch.zeros((h_len, w_len, 3), device=device, dtype=x.dtype)
         img_ids[:, :, 1] = img_ids[:, :, 1] + torch.linspace(0, h_len - 1, steps=h_len, device=device,
                                                              dtype=x.dtype).unsqueeze(1)
@@ -95,35 +98,23 @@ def _pad(x, p: int):
     return comfy.ldm.common_dit.pad_to_patch_size(x, (p, p))
 
 
-class _Double(nn.Module):
-    def __init__(self, base, block, index: int, total: int, join: bool):
-        super().__init__()
-        self.block = block
-        self._dm = (base.diffusion_model,)  # for get_modulations; not a submodule
-        self.index, self.total, self.join = index, total, join
-
+class _Double(BlockLayer):  # self._dm[0]: the diffusion model, for get_modulations
     def forward(self, inputs):
         img, txt, mods, pe, xt, sigma = inputs
         dm = self._dm[0]
         vec = (dm.get_modulations(mods, "double_img", idx=self.index), dm.get_modulations(mods, "double_txt", idx=self.index))
         img, txt = self.block(img=img, txt=txt, vec=vec, pe=pe, attn_mask=None,
-                              transformer_options=block_options(sigma, "double", self.index, self.total))
+                              transformer_options=self.options(sigma, "double"))
         if self.join:  # the last double block hands the single blocks one joint sequence
             return torch.cat((txt, img), 1), mods, pe, xt, sigma
         return img, txt, mods, pe, xt, sigma
 
 
-class _Single(nn.Module):
-    def __init__(self, base, block, index: int, total: int):
-        super().__init__()
-        self.block = block
-        self._dm = (base.diffusion_model,)
-        self.index, self.total = index, total
-
+class _Single(BlockLayer):
     def forward(self, inputs):
         x, mods, pe, xt, sigma = inputs
         vec = self._dm[0].get_modulations(mods, "single", idx=self.index)
-        options = with_img_slice(block_options(sigma, "single", self.index, self.total), x,
+        options = with_img_slice(self.options(sigma, "single"), x,
                                  patch_tokens(*xt.shape[-2:], self._dm[0].patch_size))
         x = self.block(x, vec=vec, pe=pe, attn_mask=None, transformer_options=options)
         return x, mods, pe, xt, sigma
@@ -131,16 +122,10 @@ class _Single(nn.Module):
 
 class _Head(HeadLayer):
     def forward(self, inputs):
-        from einops import rearrange
-
         x, mods, pe, xt, sigma = inputs
         dm = self._dm[0]
-        p = dm.patch_size
-        h, w = xt.shape[-2:]
-        h_len, w_len = (h + p // 2) // p, (w + p // 2) // p
-        img = x[:, x.shape[1] - h_len * w_len:]  # forward_orig drops the text tokens in front
-        out = self.final_layer(img, vec=dm.get_modulations(mods, "final"))
-        out = rearrange(out, "b (h w) (c ph pw) -> b c (h ph) (w pw)", h=h_len, w=w_len, ph=p, pw=p)[:, :, :h, :w]
+        img = x[:, x.shape[1] - patch_tokens(*xt.shape[-2:], dm.patch_size):]  # forward_orig drops the text in front
+        out = unpatchify(self.final_layer(img, vec=dm.get_modulations(mods, "final")), xt, dm.patch_size)
         # pe: unused here, kept in the graph for DeepSpeed (common.keep_in_graph)
         return keep_in_graph(self.model_sampling.calculate_denoised(sigma, out.float(), xt), pe)
 
@@ -176,13 +161,12 @@ class ChromaAdapter:
         if rows > _MOD_ROWS:
             raise ConfigError(f"this Chroma model has more blocks than its {_MOD_ROWS} modulation rows cover; "
                               "ComfyUI cannot run it either. Use a standard Chroma file.")
-        if not hasattr(dm, "final_layer"):
-            raise ConfigError("this Chroma model has no final layer: pipeline_stages > 1 needs the full model.")
+        require_final_layer(dm, "Chroma")
         # forward_orig skips the blocks listed in skip_mmdit / skip_dit (empty unless a node sets them).
         doubles = [i for i in range(len(dm.double_blocks)) if i not in dm.skip_mmdit]
         singles = [i for i in range(len(dm.single_blocks)) if i not in dm.skip_dit]
         n_double, n_single = len(dm.double_blocks), len(dm.single_blocks)
         return [_Embed(base_model, join=not doubles),
-                *[_Double(base_model, dm.double_blocks[i], i, n_double, join=i == doubles[-1]) for i in doubles],
-                *[_Single(base_model, dm.single_blocks[i], i, n_single) for i in singles],
+                *[_Double(dm.double_blocks[i], i, n_double, join=i == doubles[-1], dm=dm) for i in doubles],
+                *[_Single(dm.single_blocks[i], i, n_single, dm=dm) for i in singles],
                 _Head(base_model)]

@@ -1,8 +1,9 @@
-"""Pieces the pipeline adapters share: the plumbing of the first and last stage layer, the refusal of
-conditioning an adapter does not reproduce, the start of ComfyUI's BaseModel._apply_model, the stage
-tuple's stand-in for an absent input, the per-block transformer_options, and keeping unused stage
-inputs in the graph. Only what is the same code in every adapter that uses it lives here; what
-mirrors a family's own ComfyUI function stays in that family's file.
+"""Pieces the pipeline adapters share: the base classes of the first, the block and the last stage
+layer, the order of a two-stream model's layers, the refusals of conditioning an adapter does not
+reproduce, the start of ComfyUI's BaseModel._apply_model, the stage tuple's stand-ins for an absent
+input or a Python number, the per-block transformer_options, patch-grid sizes, the additive text
+mask, and keeping unused stage inputs in the graph. Only what is the same code in more than one
+adapter lives here; what mirrors a family's own ComfyUI function stays in that family's file.
 """
 from __future__ import annotations
 
@@ -27,6 +28,23 @@ class EmbedLayer(nn.Module):
         self.join = join
 
 
+class BlockLayer(nn.Module):
+    """Base of a stage layer that runs one of the model's blocks. It owns the block (so DeepSpeed places
+    it on this stage); index and total place it among the blocks of its kind (for block_options);
+    join: the last two-stream block, which hands on one joint sequence; the diffusion model, where a
+    layer needs it, is self._dm[0], a plain reference kept out of the module tree."""
+
+    def __init__(self, block, index: int = 0, total: int = 1, join: bool = False, dm=None):
+        super().__init__()
+        self.block = block
+        self.index, self.total, self.join = index, total, join
+        self._dm = (dm,)
+
+    def options(self, sigma, block_type: str) -> dict:
+        """block_options for this block (block_type: ComfyUI's "double" or "single")."""
+        return block_options(sigma, block_type, self.index, self.total)
+
+
 class HeadLayer(nn.Module):
     """Base of an adapter's last stage layer. It owns the diffusion model's parts named in `owned` (its
     final layer) and model_sampling; the diffusion model is self._dm[0], a plain reference kept out of
@@ -41,6 +59,19 @@ class HeadLayer(nn.Module):
             setattr(self, name, getattr(dm, name))
         self.model_sampling = base.model_sampling
         self._dm = (dm,)
+
+
+def two_stream_layers(base, embed, double, single, head, doubles, singles) -> list[nn.Module]:
+    """The stage layers of a model whose two-stream (double) blocks run before its one-stream (single)
+    blocks: the embedding, each double block (the last joins the streams into one sequence; without
+    double blocks the embedding does), each single block, the head. The block layer classes take
+    BlockLayer's arguments."""
+    dm = base.diffusion_model
+    doubles, singles = list(doubles), list(singles)
+    return [embed(base, join=not doubles),
+            *[double(b, i, len(doubles), join=i == len(doubles) - 1, dm=dm) for i, b in enumerate(doubles)],
+            *[single(b, i, len(singles), dm=dm) for i, b in enumerate(singles)],
+            head(base)]
 
 
 def refuse_unhandled(kwargs, handled, family: str, supports: str, names: dict | None = None) -> None:
@@ -58,6 +89,20 @@ def require_text(kwargs, family: str) -> None:
     if kwargs.get("c_crossattn") is None:
         raise ConfigError(f"pipeline_stages > 1 for {family} needs text conditioning (cross_attn) in the cached "
                           "dataset. Re-cache it with a text encoder, or set pipeline_stages to 1.")
+
+
+def require_integer_mask(mask, family: str) -> None:
+    """A ConfigError for a float text attention mask: the adapter sends the integer one the text encoder
+    makes (no gradient crosses for it) and converts it as the model's forward does."""
+    if mask is not None and torch.is_floating_point(mask):
+        raise ConfigError(f"pipeline_stages > 1 for {family} needs the text encoder's integer attention mask; "
+                          "this dataset holds a float one. Re-cache it, or set pipeline_stages to 1.")
+
+
+def require_final_layer(dm, family: str, part: str = "final_layer") -> None:
+    """A ConfigError for a diffusion model loaded without its last layer (`part`)."""
+    if not hasattr(dm, part):
+        raise ConfigError(f"this {family} model has no final layer: pipeline_stages > 1 needs the full model.")
 
 
 def apply_model_start(base, sigma, xt, context, concat=None):
@@ -88,6 +133,22 @@ def or_none(t: torch.Tensor):
     return None if t.numel() == 0 else t
 
 
+def number_tensor(value, name: str, device, optional: bool = True) -> torch.Tensor:
+    """A Python number (a CONDConstant such as a frame rate) as a stage input: [value] in float64, which
+    holds any Python float exactly; None (where the input is optional) as an empty tensor."""
+    if value is None and optional:
+        return torch.zeros(0, dtype=torch.float64, device=device)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError(f"the {name} conditioning must be a number, not {type(value).__name__}: set "
+                          "pipeline_stages to 1, or cache the dataset with a plain number for it.")
+    return torch.tensor([float(value)], dtype=torch.float64, device=device)
+
+
+def number(t: torch.Tensor):
+    """number_tensor's value back as the Python number ComfyUI passes (or None)."""
+    return None if t.numel() == 0 else t.reshape(-1)[0].item()
+
+
 def block_options(sigma, block_type: str, index: int, total: int) -> dict:
     """What a block sees in ComfyUI: the caller's transformer_options (the engine's: sigmas) plus the keys
     the forward writes before each block. A fresh dict per call: models write into it."""
@@ -100,9 +161,26 @@ def with_img_slice(options: dict, x: torch.Tensor, image_tokens: int) -> dict:
     return {**options, "img_slice": [x.shape[1] - image_tokens, x.shape[1]]}
 
 
+def patch_grid(h: int, w: int, patch: int) -> tuple[int, int]:
+    """The rows and columns of patch x patch cells of an h x w latent in the Flux-code models, the last
+    ones padded (process_img: rounded to the nearest whole patch count)."""
+    return (h + patch // 2) // patch, (w + patch // 2) // patch
+
+
 def patch_tokens(h: int, w: int, patch: int) -> int:
     """Tokens of an h x w latent cut into patch x patch cells, the last ones padded (process_img)."""
-    return ((h + patch // 2) // patch) * ((w + patch // 2) // patch)
+    rows, columns = patch_grid(h, w, patch)
+    return rows * columns
+
+
+def patches(size: int, patch: int) -> int:
+    """Patches along a side of `size` after ComfyUI's pad_to_patch_size (which pads up to whole ones)."""
+    return -(-size // patch)
+
+
+def additive_mask(mask: torch.Tensor, dtype) -> torch.Tensor:
+    """An integer text mask (1 keep, 0 drop) as the additive one attention takes: 0 or -max of dtype."""
+    return (mask - 1).to(dtype) * torch.finfo(dtype).max
 
 
 def keep_in_graph(out: torch.Tensor, *unused: torch.Tensor) -> torch.Tensor:

@@ -12,10 +12,9 @@ The blocks are a ModuleDict ("block0", ...). _forward adds the per-block absolut
 to x before every block (`x += extra_pos`, outside the block); each block layer does the same, out of
 place, so a stage never writes into the tensor it received.
 
-Tensors passed between stages (time-major THWBD layout, made contiguous for DeepSpeed's send):
-x [T, H, W, B, D], emb, context [B, M, D], rope, adaln_lora (empty without adaLN-LoRA), extra_pos
-[T, H, W, B, D], xt, sigma; xt and sigma are for ComfyUI's calculate_denoised (xt also gives the
-output shape).
+Tensors passed between stages (cosmos_family.py's, in the time-major THWBD layout, made contiguous
+for DeepSpeed's send): x [T, H, W, B, D], emb, context [B, M, D], rope, adaln_lora (empty without
+adaLN-LoRA), extra_pos [T, H, W, B, D], xt, sigma (xt also gives the output shape).
 """
 from __future__ import annotations
 
@@ -24,16 +23,8 @@ from torch import nn
 
 from ..config.checks import ConfigError
 from ..train.objective import transformer_options
-from .common import (
-    EmbedLayer,
-    HeadLayer,
-    apply_model_start,
-    keep_in_graph,
-    or_none,
-    refuse_unhandled,
-    stage_input,
-)
-from .cosmos_predict2 import number, number_tensor
+from . import cosmos_family
+from .common import BlockLayer, EmbedLayer, apply_model_start, number, or_none
 
 _HANDLED = {"c_crossattn", "c_concat", "fps"}
 _IGNORED = {"attention_mask"}
@@ -56,21 +47,16 @@ class _Embed(EmbedLayer):
 
         # GeneralDIT.forward_before_blocks and _forward, up to the blocks
         x, rope, extra_pos = dm.prepare_embedded_sequence(xc, fps=number(fps), padding_mask=None)
-        emb, adaln_lora = dm.t_embedder[1](dm.t_embedder[0](t.flatten()).to(x.dtype))
-        emb = dm.affline_norm(emb)
+        emb, adaln_lora = cosmos_family.time_embedding(dm, dm.affline_norm, t.flatten(), x.dtype)
         x = rearrange(x, "B T H W D -> T H W B D")
         extra_pos = rearrange(extra_pos, "B T H W D -> T H W B D").to(x.dtype)
         # context travels as [B, M, D]; each block views it as _forward's [M, B, D] (its strides matter to
         # the host's linear ops: a contiguous [M, B, D] copy rounds differently on ComfyUI 0.33)
-        return (x.contiguous(), emb, context, rope, x.new_zeros(0) if adaln_lora is None else adaln_lora,
-                extra_pos.contiguous(), xt, sigma)
+        return (x.contiguous(), emb, context, rope, cosmos_family.empty_or(adaln_lora, x), extra_pos.contiguous(),
+                xt, sigma)
 
 
-class _Block(nn.Module):
-    def __init__(self, block):
-        super().__init__()
-        self.block = block
-
+class _Block(BlockLayer):
     def forward(self, inputs):
         from einops import rearrange
 
@@ -80,16 +66,13 @@ class _Block(nn.Module):
         return x.contiguous(), emb, context, rope, adaln_lora, extra_pos, xt, sigma
 
 
-class _Head(HeadLayer):
-    def forward(self, inputs):
+class _Head(cosmos_family.Head):
+    def network(self, x, emb, context, adaln_lora, xt):
         from einops import rearrange
 
-        x, emb, context, rope, adaln_lora, extra_pos, xt, sigma = inputs
-        out = self._dm[0].decoder_head(x_B_T_H_W_D=rearrange(x, "T H W B D -> B T H W D"), emb_B_D=emb,
-                                       crossattn_emb=None, origin_shape=xt.shape,  # only B, T, H, W are read
-                                       crossattn_mask=None, adaln_lora_B_3D=or_none(adaln_lora))
-        # context, rope, extra_pos: unused here, kept in the graph for DeepSpeed (common.keep_in_graph)
-        return keep_in_graph(self.model_sampling.calculate_denoised(sigma, out.float(), xt), context, rope, extra_pos)
+        return self._dm[0].decoder_head(x_B_T_H_W_D=rearrange(x, "T H W B D -> B T H W D"), emb_B_D=emb,
+                                        crossattn_emb=None, origin_shape=xt.shape,  # only B, T, H, W are read
+                                        crossattn_mask=None, adaln_lora_B_3D=adaln_lora)
 
 
 class CosmosAdapter:
@@ -106,11 +89,8 @@ class CosmosAdapter:
 
     @staticmethod
     def first_stage_inputs(prepared) -> tuple[torch.Tensor, ...]:
-        kw = prepared.kwargs
-        refuse_unhandled(kw, _HANDLED | _IGNORED, "Cosmos 1.0", "text-to-video and image-to-video")
-        xt = prepared.xt
-        return (xt, prepared.sigma, kw["c_crossattn"], stage_input(kw.get("c_concat"), xt),
-                number_tensor(kw.get("fps"), "fps (frame_rate)", xt.device))
+        return cosmos_family.stage_inputs(prepared, _HANDLED | _IGNORED, "Cosmos 1.0",
+                                          "text-to-video and image-to-video")
 
     @staticmethod
     def layers(base_model) -> list[nn.Module]:

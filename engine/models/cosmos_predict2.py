@@ -16,44 +16,20 @@ they change nothing where the size is already whole patches, the only size 0.3.7
 Unlike _forward, the embedding does not store `affline_emb` / `crossattn_emb` on the model (ComfyUI
 keeps them only for logging; they would hold the last step's graph on a stage).
 
-Tensors passed between stages: x [B, T, H, W, D], emb, context, rope, adaln_lora, extra_pos, xt,
-sigma. adaln_lora and extra_pos (the per-block absolute position embedding) are empty tensors for
-models without them; xt and sigma are for ComfyUI's calculate_denoised.
+Tensors passed between stages (cosmos_family.py's): x [B, T, H, W, D], emb, context, rope, adaln_lora,
+extra_pos, xt, sigma. adaln_lora and extra_pos (the per-block absolute position embedding) are empty
+tensors for models without them.
 """
 from __future__ import annotations
 
 import torch
 from torch import nn
 
-from ..config.checks import ConfigError
 from ..train.objective import transformer_options
-from .common import (
-    EmbedLayer,
-    HeadLayer,
-    apply_model_start,
-    keep_in_graph,
-    or_none,
-    refuse_unhandled,
-    stage_input,
-)
+from . import cosmos_family
+from .common import BlockLayer, EmbedLayer, apply_model_start, number, or_none
 
 _HANDLED = {"c_crossattn", "c_concat", "fps", "denoise_mask"}
-
-
-def number_tensor(value, name: str, device) -> torch.Tensor:
-    """A Python number (a CONDConstant such as a frame rate) as a stage input: [value] in float64, which
-    holds any Python float exactly; None as an empty tensor."""
-    if value is None:
-        return torch.zeros(0, dtype=torch.float64, device=device)
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ConfigError(f"the {name} conditioning must be a number, not {type(value).__name__}: set "
-                          "pipeline_stages to 1, or cache the dataset with a plain number for it.")
-    return torch.tensor([float(value)], dtype=torch.float64, device=device)
-
-
-def number(t: torch.Tensor):
-    """number_tensor's value back as the Python number ComfyUI passes (or None)."""
-    return None if t.numel() == 0 else t.reshape(-1)[0].item()
 
 
 def _float32_residual(dm) -> bool:
@@ -94,20 +70,14 @@ class _Embed(EmbedLayer):
         x, rope, extra_pos = dm.prepare_embedded_sequence(xc, fps=number(fps), padding_mask=None)
         if t.ndim == 1:
             t = t.unsqueeze(1)
-        emb, adaln_lora = dm.t_embedder[1](dm.t_embedder[0](t).to(x.dtype))
-        emb = dm.t_embedding_norm(emb)
+        emb, adaln_lora = cosmos_family.time_embedding(dm, dm.t_embedding_norm, t, x.dtype)
         if x.dtype == torch.float16 and self.float32_residual:
             x = x.float()
-        empty = x.new_zeros(0)
-        return (x, emb, context, rope.unsqueeze(1).unsqueeze(0), empty if adaln_lora is None else adaln_lora,
-                empty if extra_pos is None else extra_pos, xt, sigma)
+        return (x, emb, context, rope.unsqueeze(1).unsqueeze(0), cosmos_family.empty_or(adaln_lora, x),
+                cosmos_family.empty_or(extra_pos, x), xt, sigma)
 
 
-class _Block(nn.Module):
-    def __init__(self, block, index: int):
-        super().__init__()
-        self.block, self.index = block, index
-
+class _Block(BlockLayer):
     def forward(self, inputs):
         x, emb, context, rope, adaln_lora, extra_pos, xt, sigma = inputs
         options = {**transformer_options(sigma), "block_index": self.index}  # what _forward hands each block
@@ -116,14 +86,11 @@ class _Block(nn.Module):
         return x, emb, context, rope, adaln_lora, extra_pos, xt, sigma
 
 
-class _Head(HeadLayer):
-    def forward(self, inputs):
-        x, emb, context, rope, adaln_lora, extra_pos, xt, sigma = inputs
+class _Head(cosmos_family.Head):
+    def network(self, x, emb, context, adaln_lora, xt):
         # the final layer runs in the text's dtype (the model's: a float32 residual goes back to it)
-        out = self._dm[0].unpatchify(self.final_layer(x.to(context.dtype), emb, adaln_lora_B_T_3D=or_none(adaln_lora)))
-        out = out[:, :, :xt.shape[-3], :xt.shape[-2], :xt.shape[-1]]  # the padding to whole patches dropped
-        # context, rope, extra_pos: unused here, kept in the graph for DeepSpeed (common.keep_in_graph)
-        return keep_in_graph(self.model_sampling.calculate_denoised(sigma, out.float(), xt), context, rope, extra_pos)
+        out = self._dm[0].unpatchify(self.final_layer(x.to(context.dtype), emb, adaln_lora_B_T_3D=adaln_lora))
+        return out[:, :, :xt.shape[-3], :xt.shape[-2], :xt.shape[-1]]  # the padding to whole patches dropped
 
 
 class CosmosPredict2Adapter:
@@ -140,13 +107,11 @@ class CosmosPredict2Adapter:
 
     @staticmethod
     def first_stage_inputs(prepared) -> tuple[torch.Tensor, ...]:
-        kw = prepared.kwargs
-        refuse_unhandled(kw, _HANDLED, "Cosmos-Predict2", "text-to-image/video and image-to-video")
-        xt = prepared.xt
-        return (xt, prepared.sigma, kw["c_crossattn"], stage_input(kw.get("c_concat"), xt),
-                number_tensor(kw.get("fps"), "fps (frame_rate)", xt.device), stage_input(kw.get("denoise_mask"), xt))
+        return cosmos_family.stage_inputs(prepared, _HANDLED, "Cosmos-Predict2",
+                                          "text-to-image/video and image-to-video", "denoise_mask")
 
     @staticmethod
     def layers(base_model) -> list[nn.Module]:
         dm = base_model.diffusion_model
-        return [_Embed(base_model), *[_Block(b, i) for i, b in enumerate(dm.blocks)], _Head(base_model)]
+        total = len(dm.blocks)
+        return [_Embed(base_model), *[_Block(b, i, total) for i, b in enumerate(dm.blocks)], _Head(base_model)]

@@ -26,15 +26,17 @@ from torch import nn
 
 from ..config.checks import ConfigError
 from ..train.objective import transformer_options
-from .common import EmbedLayer, HeadLayer, apply_model_start, refuse_unhandled
+from .common import (
+    BlockLayer,
+    EmbedLayer,
+    HeadLayer,
+    apply_model_start,
+    patches,
+    refuse_unhandled,
+    two_stream_layers,
+)
 
 _HANDLED = {"c_crossattn", "y", "encoder_hidden_states_llama3"}
-
-
-def _patches(dm, xt) -> tuple[int, int]:
-    """The patch grid of a latent after _forward's padding."""
-    p = dm.patch_size
-    return -(-xt.shape[-2] // p), -(-xt.shape[-1] // p)
 
 
 class _Embed(EmbedLayer):
@@ -82,11 +84,10 @@ class _Embed(EmbedLayer):
         return hidden, text, llama, adaln, rope, xt, sigma
 
 
-class _Double(nn.Module):
-    def __init__(self, block, index: int, join: bool, last: bool):
-        super().__init__()
-        self.block = block
-        self.index, self.join, self.last = index, join, last
+class _Double(BlockLayer):
+    def __init__(self, block, index: int, total: int, join: bool, dm):
+        super().__init__(block, index, total, join)
+        self.last = join and not len(dm.single_stream_blocks)  # the head comes next
 
     def forward(self, inputs):
         img, text, llama, adaln, rope, xt, sigma = inputs
@@ -102,16 +103,16 @@ class _Double(nn.Module):
         return img, text.contiguous(), llama, adaln, rope, xt, sigma
 
 
-class _Single(nn.Module):
-    def __init__(self, block, index: int, last: bool):
-        super().__init__()
-        self.block = block
-        self.index, self.last = index, last
+class _Single(BlockLayer):
+    def __init__(self, block, index: int, total: int, dm):
+        super().__init__(block, index, total)
+        self.row = len(dm.double_stream_blocks) + index  # its Llama layer: the blocks count on from the double ones
+        self.last = index == total - 1
 
     def forward(self, inputs):
         x, llama, adaln, rope, xt, sigma = inputs
         length = x.shape[1]  # _forward's hidden_states_seq_len
-        x = self.block(image_tokens=torch.cat([x, llama[:, self.index]], dim=1), image_tokens_masks=None,
+        x = self.block(image_tokens=torch.cat([x, llama[:, self.row]], dim=1), image_tokens_masks=None,
                        text_tokens=None, adaln_input=adaln, rope=rope,
                        transformer_options=transformer_options(sigma))
         x = x[:, :length].contiguous()
@@ -124,7 +125,7 @@ class _Head(HeadLayer):
     def forward(self, inputs):
         x, adaln, xt, sigma = inputs
         dm = self._dm[0]
-        ph, pw = _patches(dm, xt)
+        ph, pw = patches(xt.shape[-2], dm.patch_size), patches(xt.shape[-1], dm.patch_size)
         out = self.final_layer(x[:, :ph * pw], adaln)  # _forward drops the text tokens behind the image's
         out = -dm.unpatchify(out, [[ph, pw]] * out.shape[0])[:, :, :xt.shape[-2], :xt.shape[-1]]
         return self.model_sampling.calculate_denoised(sigma, out.float(), xt)
@@ -162,8 +163,5 @@ class HiDreamAdapter:
         if doubles + singles == 0 or len(dm.llama_layers) != doubles + singles:
             raise ConfigError(f"this HiDream model has {doubles + singles} blocks but {len(dm.llama_layers)} Llama "
                               "layer indices; ComfyUI cannot run it either. Use a standard HiDream file.")
-        return [_Embed(base_model, join=doubles == 0),
-                *[_Double(b, i, join=i == doubles - 1, last=i == doubles - 1 and not singles)
-                  for i, b in enumerate(dm.double_stream_blocks)],
-                *[_Single(b, doubles + i, last=i == singles - 1) for i, b in enumerate(dm.single_stream_blocks)],
-                _Head(base_model)]
+        return two_stream_layers(base_model, _Embed, _Double, _Single, _Head, dm.double_stream_blocks,
+                                 dm.single_stream_blocks)

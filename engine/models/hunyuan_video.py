@@ -27,16 +27,19 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..config.checks import ConfigError
 from ..train.objective import transformer_options
+from . import references
 from .common import (
+    BlockLayer,
     EmbedLayer,
     HeadLayer,
     apply_model_start,
-    block_options,
     keep_in_graph,
     or_none,
+    refuse_unhandled,
+    require_final_layer,
     stage_input,
+    two_stream_layers,
 )
 
 # The kwargs of model.extra_conds this adapter reproduces; anything else means a variant it does not.
@@ -152,43 +155,34 @@ class _Embed(EmbedLayer):
             txt_ids = torch.cat((txt_ids, txt_ids.new_zeros((bs, vision.shape[1], txt_ids.shape[-1]))), dim=1)
         ids = (img_ids, txt_ids) if self.image_first else (txt_ids, img_ids)
         pe = dm.pe_embedder(torch.cat(ids, dim=1))
-        marker = torch.zeros((xt.shape[0], 1 + ref_tokens), device=device, dtype=torch.float32)
+        marker = references.marker(xt, ref_tokens)
         if self.join:
             return _joint(img, txt, self.image_first), vec, pe, xt, sigma, marker
         return img, txt, vec, pe, xt, sigma, marker
 
 
-class _Double(nn.Module):
-    def __init__(self, base, block, index: int, total: int, join: bool):
-        super().__init__()
-        self.block = block
-        self._dm = (base.diffusion_model,)  # for its patch size; not a submodule
-        self.index, self.total, self.join = index, total, join
-        self.image_first = _image_first(base.diffusion_model)
+class _Double(BlockLayer):  # self._dm[0]: the diffusion model, for its patch size
+    def __init__(self, block, index: int, total: int, join: bool, dm):
+        super().__init__(block, index, total, join, dm)
+        self.image_first = _image_first(dm)
 
     def forward(self, inputs):
         img, txt, vec, pe, xt, sigma, refs = inputs
         dims, dims_txt = _modulation_dims(self._dm[0], vec, xt)
         img, txt = self.block(img=img, txt=txt, vec=vec, pe=pe, attn_mask=None, modulation_dims_img=dims,
                               modulation_dims_txt=dims_txt,
-                              transformer_options=block_options(sigma, "double", self.index, self.total))
+                              transformer_options=self.options(sigma, "double"))
         if self.join:  # the last double block hands the single blocks one joint sequence
             return _joint(img, txt, self.image_first), vec, pe, xt, sigma, refs
         return img, txt, vec, pe, xt, sigma, refs
 
 
-class _Single(nn.Module):
-    def __init__(self, base, block, index: int, total: int):
-        super().__init__()
-        self.block = block
-        self._dm = (base.diffusion_model,)
-        self.index, self.total = index, total
-
+class _Single(BlockLayer):
     def forward(self, inputs):
         x, vec, pe, xt, sigma, refs = inputs
         dims, _ = _modulation_dims(self._dm[0], vec, xt)
         x = self.block(x, vec=vec, pe=pe, attn_mask=None, modulation_dims=dims,
-                       transformer_options=block_options(sigma, "single", self.index, self.total))
+                       transformer_options=self.options(sigma, "single"))
         return x, vec, pe, xt, sigma, refs
 
 
@@ -239,23 +233,15 @@ class HunyuanVideoAdapter:
     @staticmethod
     def first_stage_inputs(prepared) -> tuple[torch.Tensor, ...]:
         kw = prepared.kwargs
-        extra = sorted(set(kw) - _HANDLED)
-        if extra:
-            what = {"attention_mask": "an attention mask (padded text: cache captions unpadded)",
-                    "control": "a ControlNet"}
-            named = sorted({what.get(k, k) for k in extra})
-            raise ConfigError(f"pipeline_stages > 1 for HunyuanVideo / HunyuanImage 2.1 / HunyuanVideo 1.5 does not "
-                              f"reproduce {', '.join(named)}. Set pipeline_stages to 1 for this model.")
+        refuse_unhandled(kw, _HANDLED, "HunyuanVideo / HunyuanImage 2.1 / HunyuanVideo 1.5",
+                         "text, image and reference-latent conditioning",
+                         {"attention_mask": "an attention mask (padded text: cache captions unpadded)",
+                          "control": "a ControlNet"})
         xt = prepared.xt
         return (xt, prepared.sigma, kw["c_crossattn"], *(stage_input(kw.get(k), xt) for k in _INPUTS))
 
     @staticmethod
     def layers(base_model) -> list[nn.Module]:
         dm = base_model.diffusion_model
-        if not hasattr(dm, "final_layer"):
-            raise ConfigError("this HunyuanVideo model has no final layer: pipeline_stages > 1 needs the full model.")
-        doubles, singles = len(dm.double_blocks), len(dm.single_blocks)
-        return [_Embed(base_model, join=doubles == 0),
-                *[_Double(base_model, b, i, doubles, join=i == doubles - 1) for i, b in enumerate(dm.double_blocks)],
-                *[_Single(base_model, b, i, singles) for i, b in enumerate(dm.single_blocks)],
-                _Head(base_model)]
+        require_final_layer(dm, "HunyuanVideo")
+        return two_stream_layers(base_model, _Embed, _Double, _Single, _Head, dm.double_blocks, dm.single_blocks)

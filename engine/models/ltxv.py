@@ -34,12 +34,17 @@ from torch import nn
 from ..config.checks import ConfigError
 from ..train.objective import transformer_options
 from .common import (
+    BlockLayer,
     EmbedLayer,
     HeadLayer,
+    additive_mask,
     apply_model_start,
     keep_in_graph,
+    number,
+    number_tensor,
     or_none,
     refuse_unhandled,
+    require_integer_mask,
     stage_input,
 )
 
@@ -48,7 +53,7 @@ _HANDLED = {"c_crossattn", "attention_mask", "frame_rate", "denoise_mask", "keyf
 
 def _additive(mask, dtype):
     """_forward's conversion of the integer text mask to the additive one attention takes."""
-    return (mask - 1).to(dtype).reshape((mask.shape[0], 1, -1, mask.shape[-1])) * torch.finfo(dtype).max
+    return additive_mask(mask, dtype).reshape((mask.shape[0], 1, -1, mask.shape[-1]))
 
 
 def _host_steps(dm) -> bool:
@@ -75,7 +80,7 @@ def _start(base, inputs):
     denoise_mask, keyframe_idxs = (None if v is None else convert_tensor(v, dtype, device)
                                    for v in (or_none(denoise_mask), or_none(keyframe_idxs)))
     t = base.process_timestep(t, x=xt, denoise_mask=denoise_mask)
-    frame_rate = frame_rate.reshape(-1)[0].item()  # a Python number in ComfyUI (CONDConstant)
+    frame_rate = number(frame_rate)  # a Python number in ComfyUI (CONDConstant)
     return xc, t, context, mask, denoise_mask, keyframe_idxs, frame_rate
 
 
@@ -136,11 +141,9 @@ class _StepsEmbed(EmbedLayer):
                 xt, sigma)
 
 
-class _Block(nn.Module):
-    def __init__(self, block, dm=None):
-        super().__init__()
-        self.block = block
-        self._dm = (dm,)  # the host model for its own steps (0.33 and later), else None
+class _Block(BlockLayer):
+    """One transformer block; self._dm[0] is the host model where it has its own steps (0.33 and later),
+    else None."""
 
     def steps_forward(self, inputs):
         from comfy.ldm.lightricks.model import LTXRopeType
@@ -220,16 +223,9 @@ class LTXVAdapter:
         if mask is None:
             raise ConfigError("LTX-Video needs the text attention mask its text encoder makes, and this cached "
                               "dataset has none: re-cache it with the LTX-Video (T5) text encoder.")
-        if torch.is_floating_point(mask):
-            raise ConfigError("pipeline_stages > 1 for LTX-Video needs the text encoder's integer attention mask; "
-                              "this dataset holds a float one. Re-cache it, or set pipeline_stages to 1.")
-        frame_rate = kw.get("frame_rate", 25)
-        if isinstance(frame_rate, bool) or not isinstance(frame_rate, (int, float)):
-            raise ConfigError(f"LTX-Video's frame_rate conditioning must be a number, not {type(frame_rate).__name__}:"
-                              " set it with LTXVConditioning, or set pipeline_stages to 1.")
+        require_integer_mask(mask, "LTX-Video")
         xt = prepared.xt
-        # float64 holds any Python float exactly, so the embedding computes with ComfyUI's very number.
-        rate = torch.tensor([float(frame_rate)], dtype=torch.float64, device=xt.device)
+        rate = number_tensor(kw.get("frame_rate", 25), "frame_rate (LTXVConditioning)", xt.device, optional=False)
         return (xt, prepared.sigma, kw["c_crossattn"], mask, rate, stage_input(kw.get("denoise_mask"), xt),
                 stage_input(kw.get("keyframe_idxs"), xt))
 
@@ -243,5 +239,5 @@ class LTXVAdapter:
                               "before activation checkpointing wraps them): ComfyUI's in-place forward gives wrong "
                               "gradients under checkpointing.")
         if _host_steps(dm):
-            return [_StepsEmbed(base_model), *[_Block(b, dm) for b in dm.transformer_blocks], _StepsHead(base_model)]
+            return [_StepsEmbed(base_model), *[_Block(b, dm=dm) for b in dm.transformer_blocks], _StepsHead(base_model)]
         return [_Embed(base_model), *[_Block(b) for b in dm.transformer_blocks], _Head(base_model)]

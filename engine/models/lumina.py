@@ -27,11 +27,12 @@ from torch import nn
 from ..config.checks import ConfigError
 from ..train.objective import transformer_options
 from .common import (
+    BlockLayer,
     EmbedLayer,
     HeadLayer,
     apply_model_start,
-    block_options,
     keep_in_graph,
+    patches,
     refuse_unhandled,
 )
 
@@ -42,7 +43,7 @@ def _image_tokens(dm, h: int, w: int) -> tuple[int, int, int, int]:
     """(tokens, padded tokens, padded height, padded width) of an h x w latent: pad_to_patch_size,
     then Z-Image's padding to pad_tokens_multiple."""
     p = dm.patch_size
-    hp, wp = h + (-h) % p, w + (-w) % p
+    hp, wp = patches(h, p) * p, patches(w, p) * p
     tokens = (hp // p) * (wp // p)
     padded = tokens if dm.pad_tokens_multiple is None else tokens + (-tokens) % dm.pad_tokens_multiple
     return tokens, padded, hp, wp
@@ -104,11 +105,7 @@ class _Embed(EmbedLayer):
         return cap, x, freqs_cis, adaln, xt, sigma
 
 
-class _ContextRefiner(nn.Module):
-    def __init__(self, block, join: bool):
-        super().__init__()
-        self.block, self.join = block, join
-
+class _ContextRefiner(BlockLayer):
     def forward(self, inputs):
         cap, x, freqs_cis, adaln, xt, sigma = inputs
         # The text mask is None here: first_stage_inputs refuses a padded one.
@@ -118,11 +115,7 @@ class _ContextRefiner(nn.Module):
         return cap, x, freqs_cis, adaln, xt, sigma
 
 
-class _NoiseRefiner(nn.Module):
-    def __init__(self, block, join: bool):
-        super().__init__()
-        self.block, self.join = block, join
-
+class _NoiseRefiner(BlockLayer):
     def forward(self, inputs):
         cap, x, freqs_cis, adaln, xt, sigma = inputs
         x = self.block(x, None, freqs_cis[:, cap.shape[1]:], adaln, transformer_options=transformer_options(sigma))
@@ -131,16 +124,11 @@ class _NoiseRefiner(nn.Module):
         return cap, x, freqs_cis, adaln, xt, sigma
 
 
-class _Layer(nn.Module):
-    def __init__(self, block, index: int, total: int):
-        super().__init__()
-        self.block, self.index, self.total = block, index, total
-
+class _Layer(BlockLayer):
     def forward(self, inputs):
         x, freqs_cis, adaln, xt, sigma = inputs
         # ComfyUI 0.33+ writes the block keys before each main layer (0.3.75's layers never read them)
-        x = self.block(x, None, freqs_cis, adaln, transformer_options=block_options(sigma, "double", self.index,
-                                                                                    self.total))
+        x = self.block(x, None, freqs_cis, adaln, transformer_options=self.options(sigma, "double"))
         return x, freqs_cis, adaln, xt, sigma
 
 

@@ -26,10 +26,12 @@ from torch import nn
 from ..config.checks import ConfigError
 from ..train.objective import transformer_options
 from .common import (
+    BlockLayer,
     EmbedLayer,
     HeadLayer,
     apply_model_start,
     keep_in_graph,
+    patches,
     refuse_unhandled,
 )
 
@@ -86,12 +88,12 @@ class _Embed(EmbedLayer):
         return (txt, img, rotary_emb, temb, xt, sigma) + (() if ref is None else (ref,))
 
 
-class _Refiner(nn.Module):
+class _Refiner(BlockLayer):
     """One block of context_refiner ("text"), noise_refiner ("target") or ref_image_refiner ("references")."""
 
     def __init__(self, block, stream: str, join: bool):
-        super().__init__()
-        self.block, self.stream, self.join = block, stream, join
+        super().__init__(block, join=join)
+        self.stream = stream
 
     def forward(self, inputs):
         txt, img, rotary_emb, temb, xt, sigma, *rest = inputs
@@ -111,11 +113,7 @@ class _Refiner(nn.Module):
         return (txt, img, rotary_emb, temb, xt, sigma) + (() if ref is None else (ref,))
 
 
-class _Layer(nn.Module):
-    def __init__(self, block):
-        super().__init__()
-        self.block = block
-
+class _Layer(BlockLayer):
     def forward(self, inputs):
         x, rotary_emb, temb, xt, sigma = inputs
         x = self.block(x, None, rotary_emb, temb, transformer_options=transformer_options(sigma))
@@ -131,7 +129,7 @@ class _Head(HeadLayer):
         x, rotary_emb, temb, xt, sigma = inputs
         p = self._dm[0].patch_size
         h, w = xt.shape[-2:]
-        hp, wp = h + (-h) % p, w + (-w) % p  # pad_to_patch_size
+        hp, wp = patches(h, p) * p, patches(w, p) * p  # pad_to_patch_size
         x = self.norm_out(x, temb)
         out = rearrange(x[:, -(hp // p) * (wp // p):], "b (h w) (p1 p2 c) -> b c (h p1) (w p2)",
                         h=hp // p, w=wp // p, p1=p, p2=p)[:, :, :h, :w]

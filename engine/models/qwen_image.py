@@ -20,35 +20,39 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..config.checks import ConfigError
+from . import references
 from .common import (
+    BlockLayer,
     EmbedLayer,
     HeadLayer,
+    additive_mask,
     apply_model_start,
-    block_options,
+    patches,
     refuse_unhandled,
+    require_final_layer,
+    require_integer_mask,
 )
 
 _HANDLED = {"c_crossattn", "ref_latents", "ref_latents_method", "attention_mask"}
-# Reference layouts as codes for the first stage: -1 the model's default, 0 offset (any other name).
-_METHODS = {"index": 1, "negative_index": 2}
-_REFUSED_METHODS = ("index_timestep_zero",)
+# Reference layouts as codes for the first stage (references.method_code): -1 the model's default, 0
+# offset (also any name not here).
+_METHODS = ("offset", "index", "negative_index")
 
 
 def _method(dm, code: int) -> str:
     """The layout _forward uses for the method code: 0.3.75 knows only "index" (its default) and the
     offset layout; a host model with `default_ref_method` also "negative_index"."""
     default = getattr(dm, "default_ref_method", None)
-    if code == -1:
-        code = _METHODS.get(default, 0) if default is not None else 1
+    if code == -1:  # the model's default ("index" on a host without the setting)
+        code = 1 if default is None else _METHODS.index(default) if default in _METHODS else 0
     if code == 2 and default is None:  # a host without it reads the name as the offset layout
         code = 0
-    return {0: "offset", 1: "index", 2: "negative_index"}[code]
+    return _METHODS[code]
 
 
 def _additive(mask, dtype):
     """_forward's conversion (0.33+) of an integer text mask to the additive one the blocks take."""
-    return mask if torch.is_floating_point(mask) else (mask - 1).to(dtype) * torch.finfo(dtype).max
+    return mask if torch.is_floating_point(mask) else additive_mask(mask, dtype)
 
 
 class _Embed(EmbedLayer):
@@ -70,7 +74,7 @@ class _Embed(EmbedLayer):
 
         # QwenImageTransformer2DModel._forward, up to the blocks
         img, img_ids, _ = dm.process_img(xc)
-        img, img_ids = _add_references(dm, img, img_ids, refs, _method(dm, int(method.reshape(-1)[0])))
+        img, img_ids = _add_references(dm, img, img_ids, refs, _method(dm, references.code_of(method)))
         p = dm.patch_size
         txt_start = round(max(((xc.shape[-1] + (p // 2)) // p) // 2, ((xc.shape[-2] + (p // 2)) // p) // 2))
         txt_ids = torch.arange(txt_start, txt_start + context.shape[1], device=device).reshape(1, -1, 1)
@@ -93,24 +97,17 @@ def _add_references(dm, img, img_ids, refs, method: str):
             index -= 1
             h_offset = w_offset = 0
         else:
-            index, h_offset, w_offset = 1, 0, 0
-            if ref.shape[-2] + h > ref.shape[-1] + w:
-                w_offset = w
-            else:
-                h_offset = h
-            h = max(h, ref.shape[-2] + h_offset)
-            w = max(w, ref.shape[-1] + w_offset)
+            index = 1
+            h_offset, w_offset, h, w = references.offset_place(ref, h, w)
         tokens, ids, _ = dm.process_img(ref, index=index, h_offset=h_offset, w_offset=w_offset)
         img = torch.cat([img, tokens], dim=1)
         img_ids = torch.cat([img_ids, ids], dim=1)
     return img, img_ids
 
 
-class _Block(nn.Module):
+class _Block(BlockLayer):
     def __init__(self, block, index: int, total: int):
-        super().__init__()
-        self.block = block
-        self.index, self.total = index, total
+        super().__init__(block, index, total)
         self.last = index == total - 1
 
     def forward(self, inputs):
@@ -119,7 +116,7 @@ class _Block(nn.Module):
         txt, img = self.block(hidden_states=img, encoder_hidden_states=txt,
                               encoder_hidden_states_mask=_additive(mask, img.dtype) if mask.numel() else None,
                               temb=temb, image_rotary_emb=pe,
-                              transformer_options=block_options(sigma, "double", self.index, self.total))
+                              transformer_options=self.options(sigma, "double"))
         if self.last:  # the head reads neither the text stream nor pe (the mask is integer: no gradient)
             return img, temb, xt, sigma
         return img, txt, mask, temb, pe, xt, sigma
@@ -132,7 +129,7 @@ class _Head(HeadLayer):
         img, temb, xt, sigma = inputs
         p = self._dm[0].patch_size
         # process_img's padded input shape [B, C, T, H, W] (H and W up to a multiple of the patch), from xt
-        shape = (*xt.shape[:3], -(-xt.shape[-2] // p) * p, -(-xt.shape[-1] // p) * p)
+        shape = (*xt.shape[:3], patches(xt.shape[-2], p) * p, patches(xt.shape[-1], p) * p)
         target = shape[2] * (shape[-2] // 2) * (shape[-1] // 2)
         out = self.proj_out(self.norm_out(img, temb))
         # frames, rows, columns, channels, 2 x 2 (0.33's layout; 0.3.75 runs one frame, where both agree)
@@ -159,18 +156,11 @@ class QwenImageAdapter:
         refuse_unhandled(kw, _HANDLED, "Qwen-Image", "text-to-image and Edit reference latents only")
         xt = prepared.xt
         method = kw.get("ref_latents_method")
-        if method in _REFUSED_METHODS:
-            from ..patches.host import comfy_version
-
-            raise ConfigError(f"pipeline_stages > 1 for Qwen-Image does not reproduce the reference method {method!r} "
-                              f"of ComfyUI {comfy_version()} (a zero timestep for the reference tokens). Set "
-                              "pipeline_stages to 1 for this model, or use another reference_latents_method.")
+        references.refuse_method(method, "Qwen-Image")
         # a missing method is the model's default; any name _forward does not know is the offset layout
-        code = torch.tensor([-1 if method is None else _METHODS.get(method, 0)], device=xt.device)
+        code = references.method_code(method, _METHODS, xt.device)
         mask = kw.get("attention_mask")
-        if mask is not None and torch.is_floating_point(mask):
-            raise ConfigError("pipeline_stages > 1 for Qwen-Image needs the text encoder's integer attention mask; "
-                              "this dataset holds a float one. Re-cache it, or set pipeline_stages to 1.")
+        require_integer_mask(mask, "Qwen-Image")
         if mask is None:  # an integer stand-in: DeepSpeed expects no gradient for it where the last block drops it
             mask = torch.zeros((xt.shape[0], 0), dtype=torch.long, device=xt.device)
         return (xt, prepared.sigma, kw["c_crossattn"], mask, code, *(kw.get("ref_latents") or ()))
@@ -178,8 +168,7 @@ class QwenImageAdapter:
     @staticmethod
     def layers(base_model) -> list[nn.Module]:
         dm = base_model.diffusion_model
-        if not hasattr(dm, "norm_out"):
-            raise ConfigError("this Qwen-Image model has no final layer: pipeline_stages > 1 needs the full model.")
+        require_final_layer(dm, "Qwen-Image", "norm_out")
         total = len(dm.transformer_blocks)
         return [_Embed(base_model), *[_Block(b, i, total) for i, b in enumerate(dm.transformer_blocks)],
                 _Head(base_model)]

@@ -20,6 +20,7 @@ from torch import nn
 from ..config.checks import ConfigError
 from ..train.objective import transformer_options
 from .common import (
+    BlockLayer,
     EmbedLayer,
     HeadLayer,
     apply_model_start,
@@ -91,11 +92,9 @@ class _Embed(EmbedLayer):
         return rearrange(table, "1 h w c -> 1 (h w) c")
 
 
-class _Joint(nn.Module):
-    def __init__(self, base, block):
-        super().__init__()
-        self.block = block
-        self._dm = (base.diffusion_model,)  # for use_checkpoint; not a submodule
+class _Joint(BlockLayer):  # self._dm[0]: the diffusion model, for use_checkpoint
+    def __init__(self, block, dm):
+        super().__init__(block, dm=dm)
         self.pre_only = block.context_block.pre_only
 
     def forward(self, inputs):
@@ -145,4 +144,4 @@ class SD3Adapter:
         if dm.context_processor is not None:
             raise ConfigError("pipeline_stages > 1 is not available for SD3 models with a context processor (its "
                               "blocks update the text context in place). Set pipeline_stages to 1 for this model.")
-        return [_Embed(base_model), *[_Joint(base_model, b) for b in dm.joint_blocks], _Head(base_model)]
+        return [_Embed(base_model), *[_Joint(b, dm) for b in dm.joint_blocks], _Head(base_model)]

@@ -32,13 +32,9 @@ from torch import nn
 
 from ..config.checks import ConfigError
 from ..train.objective import transformer_options
+from .common import BlockLayer, apply_model_start, or_none, refuse_unhandled, stage_input
 
 _HANDLED = {"c_crossattn", "y"}
-
-
-def _options(sigma, xc_shape, block, index: int) -> dict:
-    return {**transformer_options(sigma), "original_shape": list(xc_shape), "transformer_index": index,
-            "block": block}
 
 
 def _transformers(module) -> int:
@@ -46,11 +42,6 @@ def _transformers(module) -> int:
 
     # SpatialVideoTransformer subclasses it; forward_timestep_embed counts both
     return 0 if module is None else sum(isinstance(m, SpatialTransformer) for m in module.children())
-
-
-def _xc_shape(dm, xt) -> list[int]:
-    # UNetModel's "original_shape" is its input's: the latent with the model's input channels.
-    return [xt.shape[0], dm.in_channels, *xt.shape[2:]]
 
 
 class _Embed(nn.Module):
@@ -69,20 +60,17 @@ class _Embed(nn.Module):
         from comfy.model_base import convert_tensor
 
         xt, sigma, context, y = inputs
-        (base, dm), ms = self._refs, self.model_sampling
-        y = None if y.numel() == 0 else y  # an empty tensor stands for "no y" (fixed tuple, no None)
+        base, dm = self._refs
+        y = or_none(y)  # an empty tensor stands for "no y" (fixed tuple, no None)
         if (y is None) != (self.label_emb is None):
             raise ConfigError("this UNet " + ("needs the adm vector y (SDXL: pooled_output) but the cached "
                                               "conditioning has none" if y is None else
                                               "has no label embedder but the conditioning gives it a y vector")
                               + ": re-cache the dataset with this model's text encoder or set pipeline_stages to 1.")
         # BaseModel._apply_model
-        dtype = base.manual_cast_dtype or base.get_dtype()
-        xc = ms.calculate_input(sigma, xt).to(dtype)
-        device = xc.device
-        extra = {} if y is None else {"y": convert_tensor(y, dtype, device)}
-        t = base.process_timestep(ms.timestep(sigma).float(), x=xt, **extra)
-        context = convert_tensor(context, dtype, device)
+        xc, t, context, dtype = apply_model_start(base, sigma, xt, context)
+        extra = {} if y is None else {"y": convert_tensor(y, dtype, xc.device)}
+        t = base.process_timestep(t, x=xt, **extra)
         # UNetModel._forward, up to the input blocks
         emb = self.time_embed(timestep_embedding(t, dm.model_channels, repeat_only=False).to(xc.dtype))
         if self.label_emb is not None:
@@ -90,70 +78,61 @@ class _Embed(nn.Module):
         return emb, context, xt, sigma, xc
 
 
-class _Input(nn.Module):
-    def __init__(self, dm, block, index: int, transformer_index: int):
-        super().__init__()
-        self.block = block
-        self.index, self.transformer_index = index, transformer_index
-        self._dm = (dm,)
+class _Block(BlockLayer):
+    """Base of the input, middle and output block layers: `kind` names the block list (UNetModel's
+    "block" key), transformer_index counts the SpatialTransformers before this block."""
 
-    def forward(self, inputs):
+    kind = ""
+
+    def __init__(self, block, index: int, transformer_index: int, dm, last: bool = False):
+        super().__init__(block, index, dm=dm)
+        self.transformer_index, self.last = transformer_index, last
+
+    def run(self, h, emb, context, xt, sigma, output_shape=None):
+        """forward_timestep_embed on this block with what UNetModel._forward has written by then."""
         from comfy.ldm.modules.diffusionmodules.openaimodel import (
             forward_timestep_embed,
         )
 
-        emb, context, xt, sigma, *stack = inputs
         dm = self._dm[0]
-        h = forward_timestep_embed(self.block, stack[-1], emb, context,
-                                   _options(sigma, _xc_shape(dm, xt), ("input", self.index), self.transformer_index),
-                                   num_video_frames=dm.default_num_video_frames)
+        # "original_shape" is the UNet's input's: the latent with the model's input channels
+        options = {**transformer_options(sigma), "original_shape": [xt.shape[0], dm.in_channels, *xt.shape[2:]],
+                   "transformer_index": self.transformer_index, "block": (self.kind, self.index)}
+        return forward_timestep_embed(self.block, h, emb, context, options, output_shape,
+                                      num_video_frames=dm.default_num_video_frames)
+
+
+class _Input(_Block):
+    kind = "input"
+
+    def forward(self, inputs):
+        emb, context, xt, sigma, *stack = inputs
+        h = self.run(stack[-1], emb, context, xt, sigma)
         hs = stack[:-1] if self.index == 0 else stack  # block 0 consumes xc, which is no skip
         return emb, context, xt, sigma, *hs, h
 
 
-class _Middle(nn.Module):
-    def __init__(self, dm, transformer_index: int):
-        super().__init__()
-        self.block = dm.middle_block  # None in UNets built without one
-        self.transformer_index = transformer_index
-        self._dm = (dm,)
+class _Middle(_Block):
+    kind = "middle"  # self.block: None in UNets built without one
 
     def forward(self, inputs):
-        from comfy.ldm.modules.diffusionmodules.openaimodel import (
-            forward_timestep_embed,
-        )
-
         emb, context, xt, sigma, *hs = inputs
-        dm = self._dm[0]
         if self.block is None:
             h = hs[-1].view_as(hs[-1])  # h stays the newest skip; a view, so the stack holds two entries
         else:
-            h = forward_timestep_embed(self.block, hs[-1], emb, context,
-                                       _options(sigma, _xc_shape(dm, xt), ("middle", 0), self.transformer_index),
-                                       num_video_frames=dm.default_num_video_frames)
+            h = self.run(hs[-1], emb, context, xt, sigma)
         return emb, context, xt, sigma, *hs, h
 
 
-class _Output(nn.Module):
-    def __init__(self, dm, block, index: int, transformer_index: int, last: bool):
-        super().__init__()
-        self.block = block
-        self.index, self.transformer_index, self.last = index, transformer_index, last
-        self._dm = (dm,)
+class _Output(_Block):
+    kind = "output"
 
     def forward(self, inputs):
-        from comfy.ldm.modules.diffusionmodules.openaimodel import (
-            forward_timestep_embed,
-        )
-
         emb, context, xt, sigma, *stack = inputs
-        dm = self._dm[0]
         *hs, skip, h = stack
         h = torch.cat([h, skip], dim=1)
         output_shape = hs[-1].shape if hs else None  # the next skip's size, for odd-sized upsampling
-        h = forward_timestep_embed(self.block, h, emb, context,
-                                   _options(sigma, _xc_shape(dm, xt), ("output", self.index), self.transformer_index),
-                                   output_shape, num_video_frames=dm.default_num_video_frames)
+        h = self.run(h, emb, context, xt, sigma, output_shape)
         if self.last:
             # emb and context go no further. DeepSpeed wants a gradient for every float tensor a stage
             # receives, so keep them in the graph (exact zero) for a block that does not read them.
@@ -192,15 +171,9 @@ class UNetAdapter:
     @staticmethod
     def first_stage_inputs(prepared) -> tuple[torch.Tensor, ...]:
         kw = prepared.kwargs
-        extra = sorted(set(kw) - _HANDLED)
-        if extra:
-            what = {"c_concat": "concat channels (inpaint / instruct-pix2pix / upscale models)"}
-            named = sorted({what.get(k, k) for k in extra})
-            raise ConfigError(f"pipeline_stages > 1 for SD / SDXL UNets supports text-to-image only; this run also "
-                              f"needs {', '.join(named)}. Set pipeline_stages to 1 for this model.")
-        xt = prepared.xt
-        y = kw.get("y")
-        return xt, prepared.sigma, kw["c_crossattn"], xt.new_zeros((xt.shape[0], 0)) if y is None else y
+        refuse_unhandled(kw, _HANDLED, "SD / SDXL UNets", "text-to-image only",
+                         {"c_concat": "concat channels (inpaint / instruct-pix2pix / upscale models)"})
+        return prepared.xt, prepared.sigma, kw["c_crossattn"], stage_input(kw.get("y"), prepared.xt)
 
     @staticmethod
     def layers(base_model) -> list[nn.Module]:
@@ -218,12 +191,12 @@ class UNetAdapter:
                               "to 1 for this model.")
         layers, seen = [_Embed(base_model)], 0
         for i, block in enumerate(dm.input_blocks):
-            layers.append(_Input(dm, block, i, seen))
+            layers.append(_Input(block, i, seen, dm))
             seen += _transformers(block)
-        layers.append(_Middle(dm, seen))
+        layers.append(_Middle(dm.middle_block, 0, seen, dm))
         seen += _transformers(dm.middle_block)
         count = len(dm.output_blocks)
         for i, block in enumerate(dm.output_blocks):
-            layers.append(_Output(dm, block, i, seen, last=i == count - 1))
+            layers.append(_Output(block, i, seen, dm, last=i == count - 1))
             seen += _transformers(block)
         return [*layers, _Head(base_model)]

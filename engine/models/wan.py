@@ -17,20 +17,28 @@ import torch
 from torch import nn
 
 from ..config.checks import ConfigError
-from .common import block_options
+from .common import (
+    BlockLayer,
+    EmbedLayer,
+    HeadLayer,
+    apply_model_start,
+    keep_in_graph,
+    or_none,
+    patches,
+    refuse_unhandled,
+    stage_input,
+)
+
+_HANDLED = {"c_crossattn", "c_concat", "clip_fea", "denoise_mask"}
 
 
-class _Embed(nn.Module):
+class _Embed(EmbedLayer):
     def __init__(self, base):
-        super().__init__()
         dm = base.diffusion_model
-        # Own only the embedders (so DeepSpeed places and counts just them on this stage); the rest
-        # of the model is reached through plain references kept out of the module tree.
         embedders = [dm.patch_embedding, dm.time_embedding, dm.time_projection, dm.text_embedding]
-        self.clip = dm.img_emb is not None
-        self.embedders = nn.ModuleList(embedders + ([dm.img_emb] if self.clip else []))
-        self.model_sampling = base.model_sampling
-        self._refs = (base, dm)
+        clip = dm.img_emb is not None
+        super().__init__(base, embedders + ([dm.img_emb] if clip else []))
+        self.clip = clip
 
     def forward(self, inputs):
         import comfy.ldm.common_dit
@@ -38,14 +46,12 @@ class _Embed(nn.Module):
         from comfy.model_base import convert_tensor
 
         xt, sigma, context, concat, clip_fea, mask = inputs
-        (base, dm), ms = self._refs, self.model_sampling
-        dtype = base.manual_cast_dtype or base.get_dtype()
-        xc = ms.calculate_input(sigma, xt)
-        if concat.numel():  # an empty tensor stands for "no c_concat"
-            xc = torch.cat([xc, concat.to(xc.device, xc.dtype)], dim=1)
-        xc = xc.to(dtype)
-        t = base.process_timestep(ms.timestep(sigma).float(), x=xt, denoise_mask=mask if mask.numel() else None)
-        context = context.to(dtype)
+        base, dm = self._refs
+        # BaseModel._apply_model (+ WAN22.process_timestep); empty tensors stand for "absent"
+        xc, t, context, dtype = apply_model_start(base, sigma, xt, context, or_none(concat))
+        t = base.process_timestep(t, x=xt, denoise_mask=or_none(mask))
+
+        # WanModel._forward and forward_orig, up to the blocks
         frames, h, w = xc.shape[2:]
         x = comfy.ldm.common_dit.pad_to_patch_size(xc, dm.patch_size)
         freqs = dm.rope_encode(frames, h, w, device=x.device, dtype=x.dtype)
@@ -68,39 +74,29 @@ class _Embed(nn.Module):
 
 def _grid(dm, xt) -> tuple[int, int, int]:
     """The patch grid (frames, height, width) of the padded latent: forward_orig's grid_sizes."""
-    return tuple((n + p - 1) // p for n, p in zip(xt.shape[2:], dm.patch_size))
+    return tuple(patches(n, p) for n, p in zip(xt.shape[2:], dm.patch_size))
 
 
-class _Block(nn.Module):
-    def __init__(self, base, block, index: int, total: int):
-        super().__init__()
-        self.block = block
-        self._dm = (base.diffusion_model,)
-        self.index, self.total = index, total
-
-    def options(self, sigma, xt) -> dict:
+class _Block(BlockLayer):
+    def grid_options(self, sigma, xt) -> dict:
         """What forward_orig of ComfyUI 0.33+ hands each block (0.3.75 hands none; its blocks then read
         only patches, which neither sets)."""
-        return {**block_options(sigma, "double", self.index, self.total), "grid_sizes": _grid(self._dm[0], xt)}
+        return {**self.options(sigma, "double"), "grid_sizes": _grid(self._dm[0], xt)}
 
     def forward(self, inputs):
         if len(inputs) == 8:  # with CLIP vision tokens
             x, e, e0, context_img, context, freqs, xt, sigma = inputs
             x = self.block(x, e=e0, freqs=freqs, context=torch.cat([context_img, context], dim=1),
-                           context_img_len=context_img.shape[1], transformer_options=self.options(sigma, xt))
+                           context_img_len=context_img.shape[1], transformer_options=self.grid_options(sigma, xt))
             return x, e, e0, context_img, context, freqs, xt, sigma
         x, e, e0, context, freqs, xt, sigma = inputs
         x = self.block(x, e=e0, freqs=freqs, context=context, context_img_len=None,
-                       transformer_options=self.options(sigma, xt))
+                       transformer_options=self.grid_options(sigma, xt))
         return x, e, e0, context, freqs, xt, sigma
 
 
-class _Head(nn.Module):
-    def __init__(self, base):
-        super().__init__()
-        self.head = base.diffusion_model.head
-        self.model_sampling = base.model_sampling
-        self._dm = (base.diffusion_model,)  # for its unpatchify and sizes; not a submodule
+class _Head(HeadLayer):
+    owned = ("head",)
 
     def forward(self, inputs):
         x, e, e0, *contexts, freqs, xt, sigma = inputs
@@ -108,11 +104,8 @@ class _Head(nn.Module):
         frames, h, w = xt.shape[2:]
         grid = list(_grid(dm, xt))
         out = dm.unpatchify(self.head(x, e), grid)[:, :, :frames, :h, :w]
-        denoised = self.model_sampling.calculate_denoised(sigma, out.float(), xt)
-        # DeepSpeed sends a gradient back for every float tensor a stage receives; keep the ones the
-        # head does not use in the graph (exactly zero contribution) so a head-only stage works.
-        unused = e0.sum() + sum(c.sum() for c in contexts) + freqs.sum()
-        return denoised + 0.0 * unused.float()
+        # e0, the contexts and freqs: unused here, kept in the graph for DeepSpeed (common.keep_in_graph)
+        return keep_in_graph(self.model_sampling.calculate_denoised(sigma, out.float(), xt), e0, *contexts, freqs)
 
 
 class WanAdapter:
@@ -127,15 +120,10 @@ class WanAdapter:
 
     def first_stage_inputs(self, prepared) -> tuple[torch.Tensor, ...]:
         kw = prepared.kwargs
-        extra = sorted(set(kw) - {"c_crossattn", "c_concat", "clip_fea", "denoise_mask"})
-        if extra:
-            raise ConfigError(f"pipeline_stages > 1 for Wan supports text-to-video and image-to-video; this run also "
-                              f"needs {', '.join(extra)}. Set pipeline_stages to 1 for this model.")
+        refuse_unhandled(kw, _HANDLED, "Wan", "text-to-video and image-to-video")
         xt = prepared.xt
-        empty = xt.new_zeros((xt.shape[0], 0))  # a stage's inputs are a fixed tuple of tensors (no None)
-        concat, clip_fea, mask = kw.get("c_concat"), kw.get("clip_fea"), kw.get("denoise_mask")
-        return (xt, prepared.sigma, kw["c_crossattn"], empty if concat is None else concat,
-                empty if clip_fea is None else clip_fea, empty if mask is None else mask)
+        return (xt, prepared.sigma, kw["c_crossattn"],
+                *(stage_input(kw.get(k), xt) for k in ("c_concat", "clip_fea", "denoise_mask")))
 
     def layers(self, base_model) -> list[nn.Module]:
         dm = base_model.diffusion_model
@@ -144,5 +132,5 @@ class WanAdapter:
                 raise ConfigError(f"pipeline_stages > 1 is not available for this Wan variant ({part}): set "
                                   "pipeline_stages to 1 for this model.")
         total = len(dm.blocks)
-        return [_Embed(base_model), *[_Block(base_model, b, i, total) for i, b in enumerate(dm.blocks)],
+        return [_Embed(base_model), *[_Block(b, i, total, dm=dm) for i, b in enumerate(dm.blocks)],
                 _Head(base_model)]
