@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from pack import load_pack
 from PIL import EpsImagePlugin, Image, TiffImagePlugin
-from test_awkward_datasets import RES, cache, encoders, load, logs, names, solid_png  # noqa: F401
+from dataset_files import RES, cache, encoders, load, logs, names, solid_png  # noqa: F401
 
 load_pack()
 from PipeTrain.engine.cache.reader import CachedDataset  # noqa: E402

@@ -26,7 +26,7 @@ import PipeTrain.engine.cache.shards as store  # noqa: E402
 from PipeTrain.engine.cache.format import CACHE_FOLDER, MANIFEST  # noqa: E402
 from PipeTrain.engine.cache.reader import CachedDataset
 from PipeTrain.engine.config.checks import ConfigError  # noqa: E402
-from test_awkward_datasets import png_bytes  # noqa: E402
+from dataset_files import png_bytes  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 PENULTIMATE, LAST = "clip_vision_output.penultimate_hidden_states", "clip_vision_output.last_hidden_state"
@@ -133,7 +133,7 @@ def test_two_ranks_make_the_nodes_cache_and_training_reads_it(tmp_path, comfy_ro
     assert "empty.png is empty (0 bytes)" in out
     assert "1 image(s) could not be used and are left out of the cache" in out
     assert "image_000_damaged.png is damaged or unsupported" in out
-    (cache_dir,) = (folder / CACHE_FOLDER).iterdir()
+    (cache_dir,) = [p for p in (folder / CACHE_FOLDER).iterdir() if p.is_dir()]  # beside: file_digests.json
     engine_copy = tmp_path / "engine-cache"
     shutil.move(cache_dir, engine_copy)  # out of the way, so the node finds nothing to reuse
 
@@ -192,7 +192,7 @@ def test_two_ranks_cache_clip_vision_as_the_node_does(tmp_path, comfy_root, file
     out = run_cache(write_config(tmp_path, comfy_root, files, processes=2, clip_vision=clip_vision_file,
                                  clip_vision_crop="none"))
     assert "2 item(s) on 2 rank(s)" in out and "0 copied from the previous cache, 2 encoded" in out  # one per rank
-    (cache_dir,) = (folder / CACHE_FOLDER).iterdir()
+    (cache_dir,) = [p for p in (folder / CACHE_FOLDER).iterdir() if p.is_dir()]  # beside: file_digests.json
     engine_copy = tmp_path / "engine-cache"
     shutil.move(cache_dir, engine_copy)  # out of the way, so the node finds nothing to reuse
 

@@ -19,7 +19,7 @@ import pytest
 import torch
 from pack import load_pack
 from PIL import Image
-from test_awkward_datasets import (  # noqa: F401
+from dataset_files import (  # noqa: F401
     RES,
     animated,
     cache,
