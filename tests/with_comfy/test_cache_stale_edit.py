@@ -18,24 +18,9 @@ import PipeTrain.engine.data.scan_memo as scan_memo  # noqa: E402
 from PipeTrain.engine.cache.reader import CachedDataset  # noqa: E402
 from PipeTrain.nodes.cache_latents import PipeTrainCacheLatents  # noqa: E402
 from PipeTrain.nodes.load_dataset import PipeTrainLoadDataset  # noqa: E402
+from dataset_files import encoders  # noqa: E402,F401 - the fixture (tiny real VAE and CLIP)
 
 pytestmark = pytest.mark.core
-
-
-@pytest.fixture(scope="module")
-def encoders(comfy_root, tmp_path_factory):
-    from PipeTrain.engine.launch.comfy_bootstrap import import_comfy
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    import_comfy(comfy_root)
-    from tools.tiny_assets import load_tiny_encoders, write_tiny_clip, write_tiny_vae
-
-    d = tmp_path_factory.mktemp("models")
-    write_tiny_vae(str(d / "vae.safetensors"), seed=0)
-    write_tiny_clip(str(d / "clip.safetensors"), seed=0)
-    yield load_tiny_encoders(str(d / "vae.safetensors"), str(d / "clip.safetensors"))
-    torch.set_num_threads(threads)
 
 
 def _queue(folder, encoders, **cache_options):
