@@ -20,7 +20,7 @@ from ..engine.config.launch import LaunchSpec
 from ..engine.config.run import RunConfig
 from ..engine.config.sections import TrainSpec
 from ..engine.events import EventTail
-from ..engine.launch import launcher
+from ..engine.launch import launcher, run_lock
 from ..engine.sample_files import unsupported_reason
 from . import compat, ui_feed
 from .cluster import announce_other_nodes, cluster_input, launch_cluster
@@ -171,23 +171,22 @@ class PipeTrainTrainPipeline:
         check_sample_size(samples, found, model_name)
 
         output = compat.output_directory()
-        if resume == RESUME_OFF:
-            run_dir = new_run_dir(output, cfg.run_name)
-        else:
-            run_dir = resume_run_dir(output, resume)
-            check_resume(run_dir, cfg)
-        cfg = dataclasses.replace(cfg, run_name=run_dir.name, run_dir=str(run_dir))
-        if samples is not None:  # encoded with the graph's CLIP now; the engine never loads a text encoder
-            samples = dataclasses.replace(samples, prompts_file=write_prompt_file(str(run_dir), prompts,
-                                                                                  sample_negative, clip))
-            cfg = dataclasses.replace(cfg, sample=samples)  # validated by sample_spec
-        config_path = run_dir / "run.json"
-        cfg.save(config_path)
-        announce_other_nodes(cfg, str(config_path))  # several machines: checked now, what to start on the others
+        run_dir = new_run_dir(output, cfg.run_name) if resume == RESUME_OFF else resume_run_dir(output, resume)
+        with run_lock.claimed(run_dir):  # a folder a live run trains in is refused before run.json is touched
+            if resume != RESUME_OFF:
+                check_resume(run_dir, cfg)
+            cfg = dataclasses.replace(cfg, run_name=run_dir.name, run_dir=str(run_dir))
+            if samples is not None:  # encoded with the graph's CLIP now; the engine never loads a text encoder
+                samples = dataclasses.replace(samples, prompts_file=write_prompt_file(str(run_dir), prompts,
+                                                                                      sample_negative, clip))
+                cfg = dataclasses.replace(cfg, sample=samples)  # validated by sample_spec
+            config_path = run_dir / "run.json"
+            cfg.save(config_path)
+            announce_other_nodes(cfg, str(config_path))  # several machines: checked now, what to start on the others
 
-        compat.free_accelerator_memory()
-        return relay(cfg, str(config_path), cuda, model_name, node_id=unique_id, vae=vae if samples else None,
-                     notice=notice)
+            compat.free_accelerator_memory()
+            return relay(cfg, str(config_path), cuda, model_name, node_id=unique_id, vae=vae if samples else None,
+                         notice=notice)
 
 
 def _sample_inputs() -> dict:
@@ -282,11 +281,12 @@ def relay(cfg: RunConfig, config_path: str, cuda: bool, model_name: str, node_id
     if notice:
         feed.event({"event": "warning", "message": notice})
     decoder = SampleDecoder(cfg.run_dir, vae) if vae is not None and cfg.sample.every else None
-    proc = launcher.spawn(cfg, config_path, cuda)
+    log_start = launcher.log_size(cfg.run_dir)
+    proc = launcher.spawn(cfg, config_path, cuda, owner=os.getpid())  # kill -9 of ComfyUI stops the run too
     _running.add(proc)
     bar = compat.progress_bar(max(1, cfg.train.steps))
     last = {"step": 0, "total": cfg.train.steps, "loss": float("nan")}
-    finished, error_message, started = None, "", time.time()
+    finished, errors, started = None, [], time.time()
     try:
         while True:
             alive = proc.poll() is None
@@ -308,8 +308,8 @@ def relay(cfg: RunConfig, config_path: str, cuda: bool, model_name: str, node_id
                     compat.log.warning("[PipeTrain] %s: %s", cfg.run_name, ev.get("message", ""))
                 elif kind in ("done", "cancelled"):
                     finished = ev
-                elif kind == "error" and not error_message:
-                    error_message = ev.get("message", "")
+                elif kind == "error":
+                    errors.append(ev)
             if not alive:
                 break
             compat.raise_if_interrupted()
@@ -325,10 +325,12 @@ def relay(cfg: RunConfig, config_path: str, cuda: bool, model_name: str, node_id
         if proc.poll() is None:
             launcher.kill_tree(proc)
         _running.discard(proc)
+        launcher.release(cfg, proc)
         if decoder is not None:
             decoder.close()
 
     if proc.returncode != 0 or finished is None:
+        error_message = launcher.failure_cause(cfg, proc, errors, log_start)  # names a rank killed by a signal
         hint = error_message or "see the log above; the full log is train.log in the run folder"
         feed.status("failed", hint if error_message else f"exit code {proc.returncode}: {hint}")
         raise RuntimeError(

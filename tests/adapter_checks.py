@@ -1,7 +1,8 @@
-"""Checks the pipeline adapter tests share (tests/with_comfy/test_pipeline_<family>.py): ComfyUI's own prediction,
-the adapter's stage layers run one after another on one process, their output and LoRA gradients
-against ComfyUI's, the inputs an adapter refuses, that exactly one adapter takes a model, and a plain
-run against a 2-stage pipeline of real DeepSpeed gloo ranks.
+"""Checks the pipeline adapter tests share (tests/with_comfy/test_pipeline_<family>.py): a tiny family's
+model, ComfyUI's own prediction, the adapter's stage layers run one after another on one process, their
+output and LoRA gradients against ComfyUI's, an input that must reach the output, the inputs an adapter
+refuses, that exactly one adapter takes a model, and a plain run against a 2-stage pipeline of real
+DeepSpeed gloo ranks.
 """
 from __future__ import annotations
 
@@ -18,6 +19,16 @@ from engine_runs import (
     trainable_lora,
 )
 from PipeTrain.engine.config.checks import ConfigError
+
+
+def family_model(name: str, **changes):
+    """ComfyUI's own model of tiny family `name` (tests/family_configs.py), config changed by `changes`, seed 0."""
+    import comfy.supported_models
+
+    family = next(f for f in fc.FAMILIES if f.name == name)
+    model = getattr(comfy.supported_models, family.supported)(dict(family.config, **changes)).get_model({})
+    fc.init_weights(model.diffusion_model, seed=0)
+    return model
 
 
 def reference(model, prepared):
@@ -94,6 +105,26 @@ def assert_same_lora_grads(want, got, loss_rtol: float | None = None):
         torch.testing.assert_close(grads[n], want_grads[n], msg=n)
 
 
+def assert_input_reaches_output(model, prepared, key: str, change=lambda value: value + 1.0,
+                                name: str | None = None) -> None:
+    """Changing prepared.kwargs[key] to change(it) changes run_layers' prediction (the input is not dropped)."""
+    with torch.no_grad():
+        base = run_layers(model, prepared, name)
+        prepared.kwargs[key] = change(prepared.kwargs[key])
+        moved = run_layers(model, prepared, name)
+    assert (base - moved).abs().max() > 1e-4, key
+
+
+def assert_lora_grads_equal_reference(model, prepare, name: str, roots, checkpointing: str = "off") -> None:
+    """A LoRA on every block linear (with_lora, a target under each prefix in `roots`), then prepare(model)'s
+    inputs: backward through run_layers gives apply_model's loss and LoRA gradients (assert_same_lora_grads)."""
+    targets, lora = with_lora(model)
+    for root in roots:
+        assert any(t.startswith(root) for t in targets), root
+    want, got = lora_grads(model, prepare(model), lora, name, checkpointing=checkpointing)
+    assert_same_lora_grads(want, got)
+
+
 def assert_only_adapter(models, name: str, others) -> None:
     """adapter_for picks `name` for every model and no other adapter matches them; `name`'s adapter
     matches none of the tiny models (ComfyUI's own classes) of the families `others`."""
@@ -128,6 +159,14 @@ def assert_text_only_inputs(model, prepare) -> None:
     prepared = prepare(model, batch=1)
     assert_refused(model, prepared, "concat channels.*pipeline_stages to 1", c_concat=torch.zeros_like(prepared.xt))
     assert_refused(model, prepare(model, batch=1), "cross_attn", c_crossattn=None)
+
+
+def assert_layers_refused(model, other, match: str) -> None:
+    """adapter_for(model)'s layers() refuses the model `other` with a ConfigError matching `match`."""
+    from PipeTrain.engine.models import adapter_for
+
+    with pytest.raises(ConfigError, match=match):
+        adapter_for(model).layers(other)
 
 
 def two_process_runs(tmp_path, comfy_root, files, grad_accum: int = 1, **memory):

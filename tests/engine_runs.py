@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -54,13 +55,14 @@ def with_train(cfg: RunConfig, **changes) -> RunConfig:
 class EngineRun:
     """One launch of the engine as the node does it; collects events."""
 
-    def __init__(self, cfg: RunConfig):
+    def __init__(self, cfg: RunConfig, owner: int | None = None):
         self.cfg = cfg
         Path(cfg.run_dir).mkdir(parents=True, exist_ok=True)
         cfg.save(Path(cfg.run_dir) / "run.json")
         self.tail = EventTail(cfg.run_dir, start_at_end=True)
         self.events: list[dict] = []
-        self.proc = launcher.spawn(cfg, str(Path(cfg.run_dir) / "run.json"), cuda=torch.cuda.is_available())
+        self.proc = launcher.spawn(cfg, str(Path(cfg.run_dir) / "run.json"), cuda=torch.cuda.is_available(),
+                                   owner=owner)  # owner: a stand-in for the ComfyUI server
 
     def poll_events(self) -> list[dict]:
         new = self.tail.read_new()
@@ -146,6 +148,47 @@ def engine_processes(marker: str) -> list[str]:
         if marker in cmd and "engine" in cmd and "--config" in cmd:  # launcher and ranks
             found.append(cmd)
     return found
+
+
+def kill_engine_processes(marker: str) -> None:
+    """SIGKILL, by pid, each launcher and rank whose command line contains `marker` (a test's cleanup)."""
+    for pid in Path("/proc").iterdir():
+        try:
+            cmd = (pid / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            if pid.name.isdigit() and marker in cmd and "engine" in cmd and "--config" in cmd:
+                os.kill(int(pid.name), signal.SIGKILL)
+        except OSError:
+            continue
+
+
+def rank_pids(marker: str) -> dict[int, int]:
+    """{rank: pid} of the live DeepSpeed ranks whose command line contains `marker` (their RANK variable)."""
+    found = {}
+    for pid in Path("/proc").iterdir():
+        if not pid.name.isdigit():
+            continue
+        try:
+            cmd = (pid / "cmdline").read_bytes().split(b"\0")
+            env = dict(v.split(b"=", 1) for v in (pid / "environ").read_bytes().split(b"\0") if b"=" in v)
+        except OSError:
+            continue
+        if b"engine" in cmd and any(marker.encode() in c for c in cmd) and b"RANK" in env:
+            found[int(env[b"RANK"])] = int(pid.name)
+    return found
+
+
+def wait_for_steps(run_dir, count: int, timeout: float = 300, proc: subprocess.Popen | None = None) -> None:
+    """Until events.jsonl of run_dir holds `count` step events (while `proc`, if given, runs)."""
+    events = Path(run_dir) / "events.jsonl"
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        text = events.read_text(encoding="utf-8") if events.exists() else ""
+        if text.count('"event": "step"') >= count:
+            return
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(f"exited ({proc.returncode}) before {count} steps:\n{launcher.log_tail(run_dir, 60)}")
+        time.sleep(0.2)
+    raise AssertionError(f"fewer than {count} steps within {timeout} s:\n{launcher.log_tail(run_dir, 60)}")
 
 
 def final_lora(run_dir) -> dict[str, torch.Tensor]:

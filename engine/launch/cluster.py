@@ -28,6 +28,7 @@ from pathlib import Path
 from ..config.checks import ConfigError
 from ..config.rules import data_parallel_size
 from ..config.run import RunConfig, write_text_atomic
+from . import rank_exits
 
 DEFAULT_MASTER_PORT = 29500  # DeepSpeed's and torch.distributed's usual port
 _HOSTFILE_LINE = re.compile(r"^(\S+)\s+slots=(\d+)")  # what DeepSpeed's runner accepts (it ignores the rest)
@@ -204,8 +205,10 @@ _COMM_TYPES = {"DistError", "DistBackendError", "DistNetworkError", "DistStoreEr
 _COMM_WORDS = ("gloo", "nccl", "connection closed by peer", "connection reset", "timed out", "broken pipe")
 
 
-def explain_comm_failure(exc: BaseException, cfg: RunConfig, rank: int, world: int, node_rank: int) -> str | None:
-    """A clear message for a rank that lost its peers (a node died, the network failed); None otherwise."""
+def explain_comm_failure(exc: BaseException, cfg: RunConfig, rank: int, world: int, node_rank: int,
+                         lost: list[dict] | None = None) -> str | None:
+    """A clear message for a rank that lost its peers (a node died, the network failed); None otherwise.
+    lost: the ranks on this host seen ended (engine/launch/rank_exits.py), named first when one was killed."""
     if world <= 1:
         return None
     names = {c.__name__ for c in type(exc).__mro__}
@@ -213,9 +216,12 @@ def explain_comm_failure(exc: BaseException, cfg: RunConfig, rank: int, world: i
     if not names & _COMM_TYPES and not (isinstance(exc, RuntimeError) and any(w in text.lower() for w in _COMM_WORDS)):
         return None
     first = text.strip().splitlines()[0][:300] if text.strip() else type(exc).__name__
+    killed = rank_exits.killed_peer(lost or [])
+    if killed:
+        return f"{killed} The other ranks stopped because it was gone (rank {rank}: {first})."
     if not cfg.launch.cluster.multi_node:
-        return (f"rank {rank} lost contact with the other ranks: {first}. Another rank stopped first: its own "
-                "error, earlier in train.log, is the cause.")
+        return (f"rank {rank} lost contact with the other ranks: {first}. " + (rank_exits.stopped_peer(lost or []) or
+                "Another rank stopped first: its own error, earlier in train.log, is the cause."))
     latest = Path(cfg.run_dir) / "checkpoints" / "latest"
     resume = (f"the last checkpoint, {latest.read_text().strip()}" if latest.is_file()
               else "the start (no checkpoint was written yet)")

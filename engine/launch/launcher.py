@@ -25,7 +25,8 @@ from pathlib import Path
 from ..config.checks import ConfigError
 from ..config.run import RunConfig
 from ..events import EventTail
-from . import cluster
+from . import cluster, rank_exits, run_lock
+from .owner import OWNER_ENV, owner_value
 
 PACK_ROOT = Path(__file__).resolve().parents[2]  # engine/launch/launcher.py -> the pack
 LOG_FILE = "train.log"
@@ -67,9 +68,12 @@ def launcher_command(cfg: RunConfig, config_path: str | os.PathLike, master_port
     return cmd + ["--module", "--no_local_rank", "engine", "--config", str(config_path)]
 
 
-def launcher_env(cfg: RunConfig, cuda: bool) -> dict[str, str]:
+def launcher_env(cfg: RunConfig, cuda: bool, owner: int | None = None) -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONUNBUFFERED"] = "1"
+    env.pop(OWNER_ENV, None)  # headless: nothing watched, even if this shell inherited the variable
+    if owner is not None:  # the ranks stop (checkpoint, exit) once this process is gone (engine/launch/owner.py)
+        env[OWNER_ENV] = owner_value(owner)
     if cfg.launch.backend == "plain" and cfg.launch.gpu_ids:
         env["CUDA_VISIBLE_DEVICES"] = cfg.launch.gpu_ids  # the DeepSpeed launcher does this for its ranks
     if cfg.memory.expandable_segments:  # the ranks inherit it; torch reads it at its first CUDA allocation
@@ -83,14 +87,38 @@ def launcher_env(cfg: RunConfig, cuda: bool) -> dict[str, str]:
 
 
 def spawn(cfg: RunConfig, config_path: str | os.PathLike, cuda: bool, node_rank: int | None = None,
-          master_addr: str | None = None, master_port: int | None = None) -> subprocess.Popen:
+          master_addr: str | None = None, master_port: int | None = None, owner: int | None = None) -> subprocess.Popen:
     """Start the launcher in its own process group; stdout+stderr go to <run_dir>/train.log.
 
     Several machines: node_rank/master_addr/master_port override run.json's cluster settings for
     this node; the settings are validated and the master's address checked before anything starts.
+    The run folder's lock (engine/launch/run_lock.py) passes to the launcher: a folder a live run
+    holds is refused (run_lock.RunFolderBusy). owner: the pid whose end stops the run (the ComfyUI
+    server); None (headless) watches nothing.
     """
     node = cluster.plan(cfg, node_rank, master_addr, master_port)
     Path(cfg.run_dir).mkdir(parents=True, exist_ok=True)  # on nodes other than 0 it may not exist yet
+    lock_rank = node.node_rank if node else 0
+    run_lock.claim(cfg.run_dir, lock_rank)  # before anything of a live run's folder is touched
+    try:
+        proc = _start(cfg, config_path, cuda, node, owner)
+    except BaseException:
+        run_lock.release(cfg.run_dir, lock_rank, os.getpid())
+        raise
+    run_lock.hand_over(cfg.run_dir, lock_rank, proc.pid)
+    return proc
+
+
+def release(cfg: RunConfig, proc: subprocess.Popen, node_rank: int | None = None) -> None:
+    """After the launcher ended: its run folder is free again (also the caller's own claim)."""
+    if proc.poll() is None:
+        return  # still running: the folder stays its own
+    rank = cfg.launch.cluster.node_rank if node_rank is None else node_rank
+    for pid in (proc.pid, os.getpid()):
+        run_lock.release(cfg.run_dir, rank, pid)
+
+
+def _start(cfg: RunConfig, config_path, cuda: bool, node: cluster.NodePlan | None, owner: int | None):
     hostfile = ""
     if node is not None:
         hostfile = node.hostfile or cluster.write_generated_hostfile(node, cfg.run_dir)
@@ -105,7 +133,7 @@ def spawn(cfg: RunConfig, config_path: str | os.PathLike, cuda: bool, node_rank:
         kwargs["start_new_session"] = True
     try:
         return subprocess.Popen(launcher_command(cfg, config_path, port, node, hostfile), cwd=str(PACK_ROOT),
-                                env=launcher_env(cfg, cuda), stdout=log, stderr=subprocess.STDOUT,
+                                env=launcher_env(cfg, cuda, owner), stdout=log, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, **kwargs)
     finally:
         log.close()  # the child holds its own copy
@@ -157,6 +185,28 @@ def log_tail(run_dir: str | os.PathLike, lines: int = 40, name: str = LOG_FILE) 
     return "\n".join(text.splitlines()[-lines:])
 
 
+def log_size(run_dir: str | os.PathLike, name: str = LOG_FILE) -> int:
+    """Where the next launch's part of the (appended) log begins."""
+    path = Path(run_dir) / name
+    return path.stat().st_size if path.exists() else 0
+
+
+def failure_cause(cfg: RunConfig, proc: subprocess.Popen, errors: list[dict], log_start: int,
+                  name: str = LOG_FILE) -> str:
+    """Why a launch failed, for the user: the first error event, or the rank that died of a signal
+    (named with its pid) where train.log shows one (engine/launch/rank_exits.py)."""
+    path = Path(cfg.run_dir) / name
+    try:
+        with open(path, "rb") as f:
+            f.seek(log_start)
+            text = f.read(4_000_000).decode("utf-8", errors="replace")  # the launcher's lines come first
+            f.seek(max(f.tell(), path.stat().st_size - 200_000))
+            text += "\n" + f.read().decode("utf-8", errors="replace")  # and its exit lines last
+    except OSError:
+        text = ""
+    return rank_exits.failure_cause(text, errors, proc.returncode, proc.pid, cfg.launch.backend)
+
+
 def _parse(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m engine.launch.launcher", description="Run a PipeTrain run.json "
                                      "headless. On several machines with cluster.no_ssh, run it on every node.")
@@ -183,12 +233,13 @@ def _main(argv: list[str]) -> int:
         import torch
 
         tail = EventTail(cfg.run_dir, start_at_end=True)
+        log = Path(cfg.run_dir) / log_name(cfg.launch.cluster.node_rank if args.node_rank is None else args.node_rank)
+        log_start = log_size(cfg.run_dir, log.name)
         proc = spawn(cfg, os.path.abspath(args.config), cuda=torch.cuda.is_available(), node_rank=args.node_rank,
                      master_addr=args.master_addr, master_port=args.master_port)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    log = Path(cfg.run_dir) / log_name(cfg.launch.cluster.node_rank if args.node_rank is None else args.node_rank)
     print(f"training in {cfg.run_dir} (log: {log}); Ctrl+C stops after a checkpoint", flush=True)
     signal.signal(signal.SIGTERM, _interrupt)
     try:
@@ -200,10 +251,13 @@ def _main(argv: list[str]) -> int:
             proc.wait(timeout=60)
         except subprocess.TimeoutExpired:
             kill_tree(proc)
+    finally:
+        release(cfg, proc, args.node_rank)
     print(log_tail(cfg.run_dir, 20, log.name))
     errors = [e for e in tail.read_new() if e.get("event") == "error"]
-    if errors:  # the engine's own explanation, clearer than the last lines of a traceback
-        print(f"error: {errors[0].get('message', '')}", file=sys.stderr)
+    cause = failure_cause(cfg, proc, errors, log_start, log.name) if proc.returncode else ""
+    if cause or errors:  # the engine's own explanation, clearer than the last lines of a traceback
+        print(f"error: {cause or errors[0].get('message', '')}", file=sys.stderr)
     return proc.returncode or 0
 
 

@@ -7,6 +7,7 @@ never imports this package.
 - lora.py: LoRA layers and files. optim.py + optimizers/: optimizers and schedules.
 - pipeline.py: pipeline + data parallel over DeepSpeed; plain.py: one process without DeepSpeed;
   distributed.py: rank helpers and collectives; node_checks.py: every node runs the same thing.
-- checkpoints.py: training checkpoints and resume. samples.py: sample images during training.
+- checkpoints.py: training checkpoints and resume; checkpoint_space.py: a failed (full-disk) write.
+  stop_flag.py: when to checkpoint and stop. samples.py: sample images during training.
   eval_set.py: the held-out eval loss.
 """

@@ -15,6 +15,7 @@ import torch.distributed as tdist
 
 from ..config.run import write_text_atomic
 from ..patches.deepspeed import load_tensors_only
+from .checkpoint_space import failed_save
 
 KEEP_CHECKPOINTS = 2
 
@@ -28,15 +29,22 @@ def save_checkpoint(engine, root: Path, tag: str, client_state: dict[str, Any], 
 
     DeepSpeed's rank 0 writes `latest` right after its own files, before the closing barrier: a
     node lost at that moment leaves `latest` naming a checkpoint without that node's stages. Here
-    it is written (temp-then-rename) after DeepSpeed's barrier instead.
+    it is written (temp-then-rename) after DeepSpeed's barrier instead. A failed write leaves no
+    partial folder, and a full disk reads as one (engine/train/checkpoint_space.py).
     """
-    if not deepspeed:  # the plain trainer writes its own `latest`, and is one process
-        engine.save_checkpoint(str(root), tag=tag, client_state=client_state, exclude_frozen_parameters=True)
-        return
-    engine.save_checkpoint(str(root), tag=tag, client_state=client_state, exclude_frozen_parameters=True,
-                           save_latest=False)
-    if tdist.get_rank() == 0:
-        write_text_atomic(root / "latest", tag)
+    try:
+        if not deepspeed:  # the plain trainer writes its own `latest`, and is one process
+            engine.save_checkpoint(str(root), tag=tag, client_state=client_state, exclude_frozen_parameters=True)
+            return
+        engine.save_checkpoint(str(root), tag=tag, client_state=client_state, exclude_frozen_parameters=True,
+                               save_latest=False)
+        if tdist.get_rank() == 0:
+            write_text_atomic(root / "latest", tag)
+    except Exception as e:
+        explained = failed_save(e, root, tag)
+        if explained is None:
+            raise
+        raise explained from e
 
 
 def resume(engine, root: Path, backend: str, signature: dict[str, Any]) -> int:

@@ -24,6 +24,15 @@ def init(device_type: str, timeout_s: float = 1800) -> None:
         raise ClusterError(rendezvous_failure(e, timeout_s)) from e
 
 
+def leave() -> None:
+    """End the process group on every rank at once (barrier, then destroy). A gloo rank whose peer
+    has already exited can abort (SIGABRT) when its background reader sees the closed socket;
+    leaving together closes the connections while every rank still waits for them."""
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+
+
 def deepspeed_config(train) -> dict:
     """DeepSpeed's config for a TrainSpec (the optimizer and schedule are passed as objects)."""
     return {

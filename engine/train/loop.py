@@ -7,7 +7,6 @@ events, TensorBoard and LoRA files; every rank takes part in checkpoints (DeepSp
 from __future__ import annotations
 
 import os
-import signal
 import time
 import traceback
 from pathlib import Path
@@ -20,27 +19,9 @@ from ..events import EventLog
 from ..version import __version__
 from . import checkpoints, node_checks
 from . import distributed as dist
+from .stop_flag import StopFlag
 
-CANCEL_FILE = "cancel"  # the node (or a user) creates <run_dir>/cancel to stop the run cleanly
 BLOCK_VERDICTS = ".block-verdicts.json"  # beside the run folders: engine/patches caches its probe verdicts there
-
-
-class _StopFlag:
-    """Set by SIGTERM/SIGINT, or by the cancel file; checked once per optimizer step."""
-
-    def __init__(self, run_dir: Path):
-        self.cancel_file = run_dir / CANCEL_FILE
-        self.signalled = False
-        # SIGBREAK: what Windows delivers for CTRL_BREAK_EVENT (engine/launch/launcher.py kill_tree).
-        for sig in (signal.SIGTERM, signal.SIGINT, getattr(signal, "SIGBREAK", None)):
-            if sig is not None:
-                signal.signal(sig, self._on_signal)
-
-    def _on_signal(self, signum, frame):
-        self.signalled = True
-
-    def requested(self) -> bool:
-        return self.signalled or self.cancel_file.exists()
 
 
 def main(config_path: str) -> int:
@@ -58,11 +39,15 @@ def main(config_path: str) -> int:
     else:
         device = torch.device("cpu")
     events = EventLog(cfg.run_dir, enabled=dist.rank() == 0)
+    peers: list = []  # every rank's facts (pid, host): a rank that dies is named by the others
     try:
-        node_checks.check_agreement(cfg)  # every node: same versions, run.json, files and checkpoint
-        return train(cfg, device, events)
+        peers = node_checks.check_agreement(cfg)  # every node: same versions, run.json, files and checkpoint
+        code = train(cfg, device, events)
+        dist.leave()  # together: a rank that exits while a peer still reads from it can abort that peer
+        return code
     except BaseException as e:  # report every failure before the launcher sees the exit code
-        EventLog(cfg.run_dir).emit("error", rank=dist.rank(), message=node_checks.failure_message(e, cfg),
+        EventLog(cfg.run_dir).emit("error", rank=dist.rank(), pid=os.getpid(),
+                                   message=node_checks.failure_message(e, cfg, peers),
                                    traceback=traceback.format_exc(limit=20))
         raise
 
@@ -88,7 +73,7 @@ def train(cfg: RunConfig, device: torch.device, events: EventLog) -> int:
     resuming = cfg.resume and (run_dir / "checkpoints" / "latest").exists()
     changes = revisions.check_resume(run_dir, cfg.to_dict()) if resuming else []
     t = cfg.train
-    stop = _StopFlag(run_dir)
+    stop = StopFlag(run_dir)  # also watches the ComfyUI server that started the run
     launched = time.time()
 
     # ---- data -------------------------------------------------------------------------
@@ -232,7 +217,7 @@ def train(cfg: RunConfig, device: torch.device, events: EventLog) -> int:
             save_checkpoint(step)
         if cancel:
             save_lora(f"lora_step{step:06d}.safetensors", step)
-            events.emit("cancelled", step=step, total=total_steps, loss=loss)
+            events.emit("cancelled", step=step, total=total_steps, loss=loss, reason=stop.reason)
             _close(tb)
             return 0
 

@@ -20,6 +20,7 @@ import torch.distributed as tdist
 from ..config.rules import data_parallel_size
 from ..config.run import RunConfig
 from ..launch.cluster import ClusterError, explain_comm_failure
+from ..launch import processes, rank_exits
 from ..version import __version__
 
 # Settings that may differ between nodes: their own paths (compared by content below) and how
@@ -75,6 +76,7 @@ def _facts(cfg: RunConfig) -> dict[str, Any]:
     latest = Path(cfg.run_dir) / "checkpoints" / "latest"
     return {
         "rank": tdist.get_rank(), "node": node_rank(), "host": socket.gethostname(), "versions": _versions(),
+        "pid": os.getpid(), "start": processes.start_time(os.getpid()) or "",  # a rank that dies is named by pid
         "config": _comparable(cfg.to_dict()),
         "files": {"model file": f"{os.path.basename(cfg.model_path)} ({os.path.getsize(cfg.model_path)} bytes)",
                   "cache": f"fingerprint {manifest.get('fingerprint', '?')} ({manifest.get('count', '?')} items)"},
@@ -138,10 +140,12 @@ def rank_layout(engine, pipelined: bool) -> list[dict[str, Any]]:
     return layout
 
 
-def failure_message(exc: BaseException, cfg: RunConfig) -> str:
-    """The 'error' event's text: a lost node reads as one, with what to do; anything else as raised."""
+def failure_message(exc: BaseException, cfg: RunConfig, peers: list[dict] | None = None) -> str:
+    """The 'error' event's text: a lost node reads as one, with what to do; a rank on this host that was
+    killed (peers: check_agreement's facts) is named with its pid and signal; anything else as raised."""
     if tdist.is_initialized():
-        explained = explain_comm_failure(exc, cfg, tdist.get_rank(), tdist.get_world_size(), node_rank())
+        lost = rank_exits.lost_ranks(peers or [], tdist.get_rank())
+        explained = explain_comm_failure(exc, cfg, tdist.get_rank(), tdist.get_world_size(), node_rank(), lost)
         if explained:
             return explained
     return f"{type(exc).__name__}: {exc}"

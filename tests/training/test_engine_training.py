@@ -3,6 +3,7 @@ parallelism is exact, resume repeats an uninterrupted run, Cancel and crashes en
 from __future__ import annotations
 
 import dataclasses
+import json
 import shutil
 import time
 from pathlib import Path
@@ -78,23 +79,31 @@ def test_resume_from_a_mid_run_checkpoint_equals_uninterrupted(config, tmp_path)
 
 
 @pytest.mark.core
-def test_cancel_ends_every_rank_quickly_and_leaves_a_checkpoint(config):
+def test_cancel_ends_every_rank_at_the_next_step_and_leaves_a_checkpoint(config):
     run = EngineRun(config(processes=2, steps=100_000))
     run.wait_for("step", min_step=2, timeout=240)
-    asked = time.time()
+    at_cancel = _last_step(Path(run.cfg.run_dir))
     (Path(run.cfg.run_dir) / "cancel").touch()  # what the node does when the user presses Cancel
-    rc = run.wait(timeout=30)
-    took = time.time() - asked
+    rc = run.wait(timeout=60)  # of 100,000 steps: only the cancel ends the run in this time
     assert rc == 0, run.log()
-    assert took < 10, f"cancel took {took:.1f} s"
     cancelled = run.of("cancelled")
     assert cancelled, run.log()
     step = cancelled[0]["step"]
+    # Every rank asks at the end of each step: the step under way when the file appeared, or the next
+    # one if that step had just asked, is the last (a test of behaviour, not of a busy machine's clock).
+    assert step <= at_cancel + 2, f"cancelled at step {step}, the file appeared after step {at_cancel}"
     ckpt = Path(run.cfg.run_dir) / "checkpoints"
     assert (ckpt / "latest").read_text().strip() == f"step{step:06d}"
     # The checkpoint is usable: resuming continues after it.
     resumed = run_to_end(dataclasses.replace(with_train(run.cfg, steps=step + 2), resume=True))
     assert [e["step"] for e in resumed.of("step")] == [step + 1, step + 2]
+
+
+def _last_step(run_dir: Path) -> int:
+    """The last step events.jsonl records now."""
+    steps = [json.loads(line)["step"] for line in (run_dir / "events.jsonl").read_text().splitlines()
+             if '"event": "step"' in line]
+    return steps[-1]
 
 
 def test_a_crashing_rank_fails_the_run_with_its_error(config, cache_dir, tmp_path):

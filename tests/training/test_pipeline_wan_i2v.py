@@ -3,18 +3,13 @@ vision tokens, as ComfyUI's WAN21 model_base feeds them. The stage layers equal 
 bit, and a 2-stage DeepSpeed pipeline (2 gloo processes) trains like one process at gas 1 and 4."""
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 from trainable import ensure_trainable
 
 import tiny_wan
-from engine_runs import assert_same_lora, run_all_to_end, stage_layers_forward
+from engine_runs import assert_same_lora, pipeline_config, run_all_to_end, stage_layers_forward
 from PipeTrain.engine.config.checks import ConfigError
-from PipeTrain.engine.config.launch import LaunchSpec
-from PipeTrain.engine.config.run import RunConfig
-from PipeTrain.engine.config.sections import LoraSpec, MemorySpec, TrainSpec
 
 
 @pytest.fixture(scope="module")
@@ -70,20 +65,10 @@ def test_i2v_model_without_clip_vision_in_the_cache_is_refused(i2v_files):
             acts = layer(acts)
 
 
-def _config(run_dir: Path, comfy_root: str, files, processes: int, stages: int, grad_accum: int) -> RunConfig:
-    cfg = RunConfig(run_name=run_dir.name, run_dir=str(run_dir), comfyui_root=comfy_root, model_path=files[0],
-                    cache_dir=files[1], lora=LoraSpec(rank=4, targets="attention_mlp"),
-                    memory=MemorySpec(pipeline_stages=stages),
-                    train=TrainSpec(steps=2, learning_rate=1e-3, batch_size=1, grad_accum=grad_accum, seed=1),
-                    launch=LaunchSpec(num_gpus=processes))
-    cfg.validate()
-    return cfg
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("grad_accum", [1, 4])
 def test_i2v_two_stage_pipeline_trains_like_one_process(tmp_path, comfy_root, i2v_files, grad_accum):
-    plain, piped = run_all_to_end(_config(tmp_path / "plain", comfy_root, i2v_files, 1, 1, grad_accum),
-                                  _config(tmp_path / "piped", comfy_root, i2v_files, 2, 2, grad_accum))
+    plain, piped = run_all_to_end(pipeline_config(tmp_path / "plain", comfy_root, i2v_files, 1, 1, grad_accum),
+                                  pipeline_config(tmp_path / "piped", comfy_root, i2v_files, 2, 2, grad_accum))
     assert plain.losses() == pytest.approx(piped.losses(), rel=1e-5, abs=1e-7)
     assert_same_lora(plain.cfg.run_dir, piped.cfg.run_dir, rtol=1e-4, atol=1e-6)

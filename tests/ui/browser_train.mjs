@@ -109,6 +109,8 @@ try {
     set("num_gpus", 1);
     set("sample_every", 4);
     set("run_name", runName);
+    // A LoRA name of its own: an earlier test of this server may have saved the template's name.
+    window.app.graph.getNodeById(9).widgets.find((w) => w.name === "name").value = runName;
   }, { runName });
   await focusTrainNode();
   await shot("01_loaded.png");

@@ -9,14 +9,11 @@ the control latent is what InstructPixToPixConditioning gives (HiDream E1's edit
 """
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 from pack import load_pack
-from PIL import Image
 
 load_pack()
 import PipeTrain.engine.cache.format as fmt
@@ -29,53 +26,29 @@ from PipeTrain.engine.train.conditioning import extra_conds_params
 from PipeTrain.engine.train.sample_order import SampleStream, collate
 from PipeTrain.engine.data.images import load_image
 from PipeTrain.engine.train.objective import DiffusionObjective
-
-RES = 64
+from side_folders import RES, cache, image_folders, info_log, load_spec, picture, tiny_encoders
 
 
 @pytest.fixture(scope="module")
 def encoders(demo_base):
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny encodes are fastest single-threaded on a busy machine (tests/conftest.py)
-    from tools.tiny_assets import load_tiny_encoders
-
-    models = Path(demo_base["base_dir"]) / "models"
-    yield load_tiny_encoders(str(models / "vae" / demo_base["vae"]), str(models / "text_encoders" / demo_base["clip"]))
-    torch.set_num_threads(threads)
+    yield from tiny_encoders(demo_base)
 
 
 @pytest.fixture
 def logs(caplog):
-    caplog.set_level(logging.INFO, logger="PipeTrain")
-    return lambda: "\n".join(r.getMessage() for r in caplog.records if r.name == "PipeTrain")
-
-
-def picture(path, seed: int, size=(RES, RES)):
-    rng = np.random.default_rng(seed)
-    Image.fromarray(rng.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)).save(path)
+    return info_log(caplog)
 
 
 def pairs(tmp_path, names, size=(RES, RES)) -> tuple[Path, Path]:
-    data, controls = tmp_path / "data", tmp_path / "controls"
-    data.mkdir()
-    controls.mkdir()
+    # one caption: its encoding is reused between items
+    data, controls = image_folders(tmp_path, "controls", names, "make it red", size)
     for i, name in enumerate(names):
-        picture(data / f"{name}.png", i, size)
-        (data / f"{name}.txt").write_text("make it red")  # one caption: its encoding is reused between items
         picture(controls / f"{name}.jpg", 100 + i, size)
     return data, controls
 
 
 def load(data, controls, **kw):
-    (spec,) = load_node.PipeTrainLoadDataset().load(folders=str(data), resolution=RES, repeats=1,
-                                                    control_folder=str(controls), **kw)
-    return spec
-
-
-def cache(spec, encoders):
-    (out,) = cache_node.PipeTrainCacheLatents().cache(dataset=spec, vae=encoders[0], clip=encoders[1],
-                                                      regenerate=False)
-    return CachedDataset(out.cache_dir)
+    return load_spec(data, control_folder=str(controls), **kw)
 
 
 def test_cached_reference_is_the_vae_encoding_of_the_control_cropped_to_the_bucket(tmp_path, encoders, logs):

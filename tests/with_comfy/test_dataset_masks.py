@@ -7,7 +7,6 @@ listed by name and counted, and editing a mask re-caches.
 """
 from __future__ import annotations
 
-import logging
 import os
 from pathlib import Path
 
@@ -18,8 +17,6 @@ from pack import load_pack
 from PIL import Image
 
 load_pack()
-from PipeTrain.engine.cache.reader import CachedDataset
-import PipeTrain.nodes.cache_latents as cache_node
 import PipeTrain.nodes.load_dataset as load_node
 from PipeTrain.engine.train.sample_order import SampleStream, collate
 from PipeTrain.engine.data.pairs import load_mask
@@ -28,19 +25,12 @@ from PipeTrain.engine.train.objective import (
     native_loss,
     transformer_options,
 )
-
-RES = 64  # the tiny VAE's latent is 8x8
+from side_folders import RES, cache, image_folders, info_log, load_spec, tiny_encoders
 
 
 @pytest.fixture(scope="module")
 def encoders(demo_base):
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny encodes are fastest single-threaded on a busy machine (tests/conftest.py)
-    from tools.tiny_assets import load_tiny_encoders
-
-    models = Path(demo_base["base_dir"]) / "models"
-    yield load_tiny_encoders(str(models / "vae" / demo_base["vae"]), str(models / "text_encoders" / demo_base["clip"]))
-    torch.set_num_threads(threads)
+    yield from tiny_encoders(demo_base)
 
 
 @pytest.fixture(scope="module")
@@ -53,13 +43,7 @@ def unet(demo_base):
 
 @pytest.fixture
 def logs(caplog):
-    caplog.set_level(logging.INFO, logger="PipeTrain")
-    return lambda: "\n".join(r.getMessage() for r in caplog.records if r.name == "PipeTrain")
-
-
-def picture(path, seed: int, size=(RES, RES)):
-    rng = np.random.default_rng(seed)
-    Image.fromarray(rng.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)).save(path)
+    return info_log(caplog)
 
 
 def half_black(path, size=(RES, RES), mode="L"):
@@ -70,25 +54,11 @@ def half_black(path, size=(RES, RES), mode="L"):
 
 
 def dataset(tmp_path, names=("a", "b")) -> tuple[Path, Path]:
-    data, masks = tmp_path / "data", tmp_path / "masks"
-    data.mkdir()
-    masks.mkdir()
-    for i, name in enumerate(names):
-        picture(data / f"{name}.png", i)
-        (data / f"{name}.txt").write_text(f"picture {name}")
-    return data, masks
+    return image_folders(tmp_path, "masks", names, "picture {name}")
 
 
 def load(data, masks, **kw):
-    (spec,) = load_node.PipeTrainLoadDataset().load(folders=str(data), resolution=RES, repeats=1,
-                                                    mask_folder=str(masks), **kw)
-    return spec
-
-
-def cache(spec, encoders):
-    (out,) = cache_node.PipeTrainCacheLatents().cache(dataset=spec, vae=encoders[0], clip=encoders[1],
-                                                      regenerate=False)
-    return CachedDataset(out.cache_dir)
+    return load_spec(data, mask_folder=str(masks), **kw)
 
 
 def test_mask_modes_become_grey_weights_at_latent_size(tmp_path):

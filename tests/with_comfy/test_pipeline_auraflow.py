@@ -11,19 +11,14 @@ import family_configs as fc
 import pytest
 import torch
 from trainable import ensure_trainable
-from adapter_checks import (assert_layers_equal_reference, assert_only_adapter, assert_same_lora_grads,
-                            assert_text_only_inputs, lora_grads, with_lora)
-from PipeTrain.engine.config.checks import ConfigError
+from adapter_checks import (assert_layers_equal_reference, assert_layers_refused, assert_lora_grads_equal_reference,
+                            assert_only_adapter, assert_text_only_inputs, family_model)
 
 _AURA = next(f for f in fc.FAMILIES if f.name == "auraflow")
 
 
 def _model(**changes):
-    import comfy.supported_models
-
-    model = comfy.supported_models.AuraFlow(dict(_AURA.config, **changes)).get_model({})
-    fc.init_weights(model.diffusion_model, seed=0)
-    return model
+    return family_model("auraflow", **changes)
 
 
 def _prepare(model, batch: int = 2, latent=(4, 8, 8)):
@@ -60,24 +55,16 @@ def test_stage_layers_equal_comfyui_forward(comfy, case):
 def test_stage_layers_give_comfyui_lora_gradients(comfy, checkpointing):
     """With a LoRA on every block linear, backward through the layers gives apply_model's gradients,
     also with the engine's activation checkpointing (+ CPU offload) wrapped around every block."""
-    model = _model(n_double_layers=2, n_layers=4)
-    targets, lora = with_lora(model)
-    assert all(any(t.startswith(f"{kind}.{i}.") for t in targets)
-               for kind in ("double_layers", "single_layers") for i in range(2))
-    prepared = _prepare(model)
-
-    want, got = lora_grads(model, prepared, lora, "auraflow", checkpointing=checkpointing)
-    assert_same_lora_grads(want, got)
+    assert_lora_grads_equal_reference(_model(n_double_layers=2, n_layers=4), _prepare, "auraflow",
+                                      [f"{kind}.{i}." for kind in ("double_layers", "single_layers") for i in range(2)],
+                                      checkpointing=checkpointing)
 
 
 def test_unsupported_auraflow_inputs_are_refused(comfy):
     """Inputs beyond the text, missing text and a model ComfyUI cannot run get a ConfigError."""
-    from PipeTrain.engine.models import adapter_for
-
     model = _model()
     assert_text_only_inputs(model, _prepare)
-    with pytest.raises(ConfigError, match="no single layers"):
-        adapter_for(model).layers(_model(n_double_layers=2, n_layers=2))
+    assert_layers_refused(model, _model(n_double_layers=2, n_layers=2), "no single layers")
 
 
 def test_adapter_for_picks_auraflow_and_only_auraflow(comfy):

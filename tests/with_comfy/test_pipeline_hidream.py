@@ -12,19 +12,15 @@ import family_configs as fc
 import pytest
 import torch
 from trainable import ensure_trainable
-from adapter_checks import (assert_layers_equal_reference, assert_only_adapter, assert_refused, assert_same_lora_grads,
-                            lora_grads, run_layers, with_lora)
+from adapter_checks import (assert_layers_equal_reference, assert_lora_grads_equal_reference, assert_only_adapter,
+                            assert_refused, family_model, run_layers)
 
 _HIDREAM = next(f for f in fc.FAMILIES if f.name == "hidream")
 _LLAMA_WIDTH = 40  # caption_channels[1] of the tiny config
 
 
 def _model(**changes):
-    import comfy.supported_models
-
-    model = comfy.supported_models.HiDream(dict(_HIDREAM.config, **changes)).get_model({})
-    fc.init_weights(model.diffusion_model, seed=0)
-    return model
+    return family_model("hidream", **changes)
 
 
 def _prepare(model, batch: int = 2, latent=(16, 8, 8), llama_layers: int = 2, llama_tokens: int = fc.T):
@@ -82,17 +78,14 @@ def test_each_block_reads_its_own_llama_layer(comfy):
 def test_stage_layers_give_comfyui_lora_gradients(comfy, checkpointing):
     """With a LoRA on every block linear, backward through the layers gives apply_model's gradients,
     also with the engine's activation checkpointing (+ CPU offload) wrapped around every block."""
-    # 3 experts, 2 per token: the routing decides which expert weights a token sees
+    # 3 experts, 2 per token: the routing decides which expert weights a token sees. Every expert of
+    # every block sees some tokens (the gradients compared are not zero), so the stages route them as
+    # ComfyUI does.
     model = _model(num_layers=2, num_single_layers=2, llama_layers=[1, 0, 1, 0], num_routed_experts=3)
-    targets, lora = with_lora(model)
-    assert all(any(t.startswith(f"{kind}.{i}.") for t in targets)
-               for kind in ("double_stream_blocks", "single_stream_blocks") for i in range(2))
-    prepared = _prepare(model)
-
-    want, got = lora_grads(model, prepared, lora, "hidream", checkpointing=checkpointing)
-    # Every expert of every block saw some tokens (the gradients below are not zero), so the stages
-    # routed them as ComfyUI did.
-    assert_same_lora_grads(want, got)
+    assert_lora_grads_equal_reference(
+        model, _prepare, "hidream",
+        [f"{kind}.{i}." for kind in ("double_stream_blocks", "single_stream_blocks") for i in range(2)],
+        checkpointing=checkpointing)
 
 
 def test_unsupported_hidream_inputs_are_refused(comfy):

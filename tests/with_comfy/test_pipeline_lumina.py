@@ -12,20 +12,15 @@ import family_configs as fc
 import pytest
 import torch
 from trainable import ensure_trainable
-from adapter_checks import (assert_every_lora_trained, assert_layers_equal_reference, assert_only_adapter,
-                            assert_pipelined_like_plain, assert_refused, assert_same_lora_grads, lora_grads,
-                            run_layers, two_process_runs, with_lora)
+from adapter_checks import (assert_every_lora_trained, assert_input_reaches_output, assert_layers_equal_reference,
+                            assert_lora_grads_equal_reference, assert_only_adapter, assert_pipelined_like_plain,
+                            assert_refused, family_model, two_process_runs)
 
 _FAMILY = {f.name: f for f in fc.FAMILIES if f.name in ("lumina2", "z_image")}
 
 
 def _model(family: str = "lumina2", **config):
-    import comfy.supported_models
-
-    f = _FAMILY[family]
-    model = getattr(comfy.supported_models, f.supported)(dict(f.config, **config)).get_model({})
-    fc.init_weights(model.diffusion_model, seed=0)
-    return model
+    return family_model(family, **config)
 
 
 def _prepare(model, family: str = "lumina2", batch: int = 2, latent=(16, 6, 10), text: int = fc.T, mask=None):
@@ -69,25 +64,14 @@ def test_stage_layers_equal_comfyui_forward(comfy, case):
 def test_time_and_text_reach_the_output(comfy):
     """Not a constant: sigma and the text change the prediction (the refiners and joins carry them)."""
     model = _model("z_image")
-    prepared = _prepare(model, "z_image", batch=1)
-    with torch.no_grad():
-        base = run_layers(model, prepared)
-        prepared.kwargs["c_crossattn"] = prepared.kwargs["c_crossattn"] + 1.0
-        text = run_layers(model, prepared)
-    assert (base - text).abs().max() > 1e-4
+    assert_input_reaches_output(model, _prepare(model, "z_image", batch=1), "c_crossattn")
 
 
 @pytest.mark.parametrize("family", ["lumina2", "z_image"])
 def test_stage_layers_give_comfyui_lora_gradients(comfy, family):
     """With a LoRA on every block linear, backward through the layers gives apply_model's gradients."""
-    model = _model(family)
-    targets, lora = with_lora(model)
-    for root in ("context_refiner.", "noise_refiner.", "layers."):
-        assert any(t.startswith(root) for t in targets), root
-    prepared = _prepare(model, family)
-
-    want, got = lora_grads(model, prepared, lora, "lumina2")
-    assert_same_lora_grads(want, got)
+    assert_lora_grads_equal_reference(_model(family), lambda model: _prepare(model, family), "lumina2",
+                                      ("context_refiner.", "noise_refiner.", "layers."))
 
 
 def test_padded_text_mask_is_refused(comfy):

@@ -10,19 +10,15 @@ import family_configs as fc
 import pytest
 import torch
 from trainable import ensure_trainable
-from adapter_checks import (assert_every_lora_trained, assert_layers_equal_reference, assert_only_adapter,
-                            assert_pipelined_like_plain, assert_refused, assert_same_lora_grads, lora_grads,
-                            run_layers, two_process_runs, with_lora)
+from adapter_checks import (assert_every_lora_trained, assert_input_reaches_output, assert_layers_equal_reference,
+                            assert_lora_grads_equal_reference, assert_only_adapter, assert_pipelined_like_plain,
+                            assert_refused, family_model, two_process_runs)
 
 _OMNIGEN2 = next(f for f in fc.FAMILIES if f.name == "omnigen2")
 
 
 def _model(**config):
-    import comfy.supported_models
-
-    model = comfy.supported_models.Omnigen2(dict(_OMNIGEN2.config, **config)).get_model({})
-    fc.init_weights(model.diffusion_model, seed=0)
-    return model
+    return family_model("omnigen2", **config)
 
 
 def _prepare(model, batch: int = 2, latent=(16, 6, 10), refs=((16, 6, 8),), mask="ones"):
@@ -70,25 +66,15 @@ def test_stage_layers_equal_comfyui_forward(comfy, case):
 def test_reference_latents_reach_the_output(comfy):
     """The reference tokens travel with the others: changing a reference changes the prediction."""
     model = _model()
-    prepared = _prepare(model, batch=1)
-    with torch.no_grad():
-        base = run_layers(model, prepared)
-        prepared.kwargs["ref_latents"] = [r + 1.0 for r in prepared.kwargs["ref_latents"]]
-        moved = run_layers(model, prepared)
-    assert (base - moved).abs().max() > 1e-4
+    assert_input_reaches_output(model, _prepare(model, batch=1), "ref_latents", lambda refs: [r + 1.0 for r in refs])
 
 
 def test_stage_layers_give_comfyui_lora_gradients(comfy):
     """With a LoRA on every block linear, backward through the layers gives apply_model's gradients
     (every refiner, the reference one included, gets a gradient)."""
-    model = _model()
-    targets, lora = with_lora(model)
-    for root in ("context_refiner.", "noise_refiner.", "ref_image_refiner.", "layers."):
-        assert any(t.startswith(root) for t in targets), root
-    prepared = _prepare(model, refs=((16, 6, 8), (16, 4, 6)))
-
-    want, got = lora_grads(model, prepared, lora, "omnigen2")
-    assert_same_lora_grads(want, got)
+    assert_lora_grads_equal_reference(_model(), lambda model: _prepare(model, refs=((16, 6, 8), (16, 4, 6))),
+                                      "omnigen2",
+                                      ("context_refiner.", "noise_refiner.", "ref_image_refiner.", "layers."))
 
 
 def test_unusable_text_masks_and_other_inputs_are_refused(comfy):

@@ -12,20 +12,15 @@ import family_configs as fc
 import pytest
 import torch
 from trainable import ensure_trainable
-from adapter_checks import (assert_every_lora_trained, assert_layers_equal_reference, assert_only_adapter,
-                            assert_pipelined_like_plain, assert_same_lora_grads, assert_text_only_inputs, lora_grads,
-                            run_layers, two_process_runs, with_lora)
-from PipeTrain.engine.config.checks import ConfigError
+from adapter_checks import (assert_every_lora_trained, assert_input_reaches_output, assert_layers_equal_reference,
+                            assert_layers_refused, assert_lora_grads_equal_reference, assert_only_adapter,
+                            assert_pipelined_like_plain, assert_text_only_inputs, family_model, two_process_runs)
 
 _SD3 = next(f for f in fc.FAMILIES if f.name == "sd3")
 
 
 def _model(**changes):
-    import comfy.supported_models
-
-    model = comfy.supported_models.SD3(dict(_SD3.config, **changes)).get_model({})
-    fc.init_weights(model.diffusion_model, seed=0)
-    return model
+    return family_model("sd3", **changes)
 
 
 def _prepare(model, batch: int = 2, latent=(16, 8, 8), pooled: bool = True):
@@ -37,10 +32,6 @@ def _prepare(model, batch: int = 2, latent=(16, 8, 8), pooled: bool = True):
     conds = [{"cross_attn": torch.randn((fc.T, _SD3.text_width), generator=gen),
               "extras": {"pooled_output": torch.randn(32, generator=gen) if pooled else None}} for _ in range(batch)]
     return ensure_trainable(model, DiffusionObjective(model, seed=3).prepare(latents, conds, list(range(batch))))
-
-
-def _run_layers(model, prepared):
-    return run_layers(model, prepared, "sd3")
 
 
 CASES = {  # case: (model config changes, _prepare arguments)
@@ -69,36 +60,22 @@ def test_stage_layers_equal_comfyui_forward(comfy, case):
 def test_pooled_vector_reaches_the_blocks(comfy):
     """The pooled vector changes the prediction (it travels in c_mod, not dropped as absent)."""
     model = _model()
-    prepared = _prepare(model)
-    with torch.no_grad():
-        a = _run_layers(model, prepared)
-        prepared.kwargs["y"] = prepared.kwargs["y"] + 1.0
-        b = _run_layers(model, prepared)
-    assert (a - b).abs().max() > 1e-4
+    assert_input_reaches_output(model, _prepare(model), "y", name="sd3")
 
 
 @pytest.mark.parametrize("checkpointing", ["off", "cpu_offload"])
 def test_stage_layers_give_comfyui_lora_gradients(comfy, checkpointing):
     """With a LoRA on every block linear, backward through the layers gives apply_model's gradients,
     also with the engine's activation checkpointing (+ CPU offload) wrapped around every block."""
-    model = _model(num_blocks=3)
-    targets, lora = with_lora(model)
-    for i in range(3):
-        assert any(t.startswith(f"joint_blocks.{i}.") for t in targets)
-    prepared = _prepare(model)
-
-    want, got = lora_grads(model, prepared, lora, "sd3", checkpointing=checkpointing)
-    assert_same_lora_grads(want, got)
+    assert_lora_grads_equal_reference(_model(num_blocks=3), _prepare, "sd3", [f"joint_blocks.{i}." for i in range(3)],
+                                      checkpointing=checkpointing)
 
 
 def test_unsupported_sd3_inputs_are_refused(comfy):
     """Concat channels, missing text and a context processor get a ConfigError naming the fix."""
-    from PipeTrain.engine.models import adapter_for
-
     model = _model()
     assert_text_only_inputs(model, _prepare)
-    with pytest.raises(ConfigError, match="context processor"):
-        adapter_for(model).layers(_model(context_processor_layers=1, context_size=_SD3.text_width))
+    assert_layers_refused(model, _model(context_processor_layers=1, context_size=_SD3.text_width), "context processor")
 
 
 def test_adapter_for_picks_sd3_and_only_sd3(comfy):

@@ -1,0 +1,56 @@
+"""Naming a rank that died of a signal (engine/launch/rank_exits.py): from a surviving rank's view
+of its zombie, and from DeepSpeed's launcher lines in train.log with the ranks' own error events."""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+
+from PipeTrain.engine.launch import processes, rank_exits
+
+LOG = """[2026-12-02 02:58:30,100] [INFO] [launch.py:272:main] process 1064 spawned with command: ['python', '-m', 'x']
+[2026-12-02 02:58:30,120] [INFO] [launch.py:272:main] process 1065 spawned with command: ['python', '-m', 'x']
+[rank1]: RuntimeError: Connection closed by peer
+[2026-12-02 02:58:49,150] [ERROR] [launch.py:341:sigkill_handler] ['python', '-m', 'engine'] exits with return code = -9
+"""
+LOST_CONTACT = {"event": "error", "rank": 1, "pid": 1065, "message": "rank 1 lost contact with the other ranks: x."}
+
+
+def test_the_launcher_log_names_the_silent_rank_and_its_signal():
+    cause = rank_exits.failure_cause(LOG, [LOST_CONTACT], 247, 1000, "deepspeed")
+    assert cause.startswith("rank 0 (pid 1064) was killed by SIGKILL (signal 9) without an error of its own")
+    assert "out-of-memory" in cause and "rank 1 lost contact" in cause
+
+
+def test_an_ordinary_failure_keeps_the_ranks_own_error():
+    failed = LOG.replace("= -9", "= 1")
+    own = {"event": "error", "rank": 0, "pid": 1064, "message": "ValueError: bad cache"}
+    assert rank_exits.failure_cause(failed, [own, LOST_CONTACT], 1, 1000, "deepspeed") == own["message"]
+    assert rank_exits.failure_cause(LOG, [own, LOST_CONTACT], 247, 1000, "deepspeed") == own["message"]
+
+
+def test_a_killed_plain_process_is_named():
+    cause = rank_exits.failure_cause("", [], -signal.SIGKILL, 4321, "plain")
+    assert cause.startswith("the training process (pid 4321) was killed by SIGKILL")
+
+
+def test_a_surviving_rank_sees_the_killed_peer_as_a_zombie():
+    peer = subprocess.Popen(["sleep", "60"])  # not reaped until wait(): as DeepSpeed's launcher polls each second
+    try:
+        facts = [{"rank": 0, "pid": peer.pid, "start": processes.start_time(peer.pid), "host": socket.gethostname()},
+                 {"rank": 1, "pid": os.getpid(), "host": socket.gethostname()}]
+        assert rank_exits.lost_ranks(facts, me=1) == []
+        os.kill(peer.pid, signal.SIGKILL)
+        deadline = time.time() + 5
+        while processes.exit_status(peer.pid) is None and time.time() < deadline:
+            time.sleep(0.02)
+        lost = rank_exits.lost_ranks(facts, me=1)
+        assert lost == [{"rank": 0, "pid": peer.pid, "returncode": -9}]
+        assert rank_exits.killed_peer(lost).startswith(f"rank 0 (pid {peer.pid}) was killed by SIGKILL")
+    finally:
+        peer.kill()
+        peer.wait()
+    reaped = rank_exits.lost_ranks(facts, me=1)  # gone without a status: the rank's error is the cause
+    assert reaped[0]["returncode"] is None and "stopped first" in rank_exits.stopped_peer(reaped)
