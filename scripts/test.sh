@@ -5,7 +5,7 @@
 # Extra arguments go to both pytest runs, e.g. `bash scripts/test.sh -k cache` (the second keeps its -m core).
 # The 0.33 venv is built while the main suite runs; the core suite follows it. PIPETRAIN_TEST_PARALLEL=1
 # runs the core suite beside the main one instead (its output still comes after the main suite's):
-# faster, but on 2 cores the tests' time limits (Cancel within 10 s) then fail now and then.
+# faster, but then the two suites compete for the CPU cores.
 # Exits non-zero if either suite fails.
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
