@@ -81,6 +81,9 @@ def run_engine(name: str, model: str, cache: str, out: Path, *, gpus: int, steps
     return {"run": name, "gpus": gpus, "stages": stages, "grad_accum": grad_accum, "step_s": step_s,
             "samples_per_step": samples, "samples_per_s": samples / step_s, "ms_per_sample": 1000 * step_s / samples,
             "launch_to_first_step_s": step_events[0]["time"] - started,  # until the first loss is shown
+            "first_step_s": step_events[0]["seconds"],  # compiling included
+            "setup_phases": next((e.get("setup_phases", {}) for e in events if e["event"] == "started"), {}),
+            "launch_to_started_s": next((e["time"] for e in events if e["event"] == "started"), started) - started,
             "peak_gib": max((e.get("peak_gib", 0.0) for e in step_events), default=0.0),
             "losses": [round(e["loss"], 5) for e in step_events]}
 

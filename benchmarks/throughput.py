@@ -86,7 +86,26 @@ def main() -> int:
         mfu = f"{flops[r['model']] / (r['ms_per_sample'] / 1000) / peak:.0%}" if peak else "-"
         print(f"| {r['model']} | {dims} | {r['option']} | {r['samples_per_s']:.2f} | {r['ms_per_sample']:.0f} | {mfu} | "
               f"{r['peak_gib']:.1f} | {r['launch_to_first_step_s']:.0f} |")
+    print_setup_phases(rows)
     return 0
+
+
+def print_setup_phases(rows: list[dict]) -> None:
+    """Launch -> first loss split up: the launcher, each setup phase of the rank, the first step."""
+    timed = [r for r in rows if "setup_phases" in r]
+    if not timed:
+        return
+    names = list(timed[0]["setup_phases"])
+    print("\nlaunch -> first loss, seconds: launcher (DeepSpeed's launcher until the rank starts), the rank's setup "
+          "phases (engine/train/setup_phases.py), the first step (compiling included)\n")
+    print("| model | option | launcher | " + " | ".join(names) + " | first step | total |")
+    print("|---|---|---|" + "---|" * len(names) + "---|---|")
+    for r in timed:
+        phases = r["setup_phases"]
+        launcher_s = r["launch_to_started_s"] - sum(phases.values())
+        cells = " | ".join(f"{phases.get(n, 0.0):.1f}" for n in names)
+        print(f"| {r['model']} | {r['option']} | {launcher_s:.1f} | {cells} | {r['first_step_s']:.1f} | "
+              f"{r['launch_to_first_step_s']:.0f} |")
 
 
 if __name__ == "__main__":

@@ -3,14 +3,17 @@
     python -m engine --config <run_dir>/run.json     train: one rank of a run
     python -m engine cache --config cache.json       cache: encode a dataset (engine/cache/cli.py)
 
-The DeepSpeed launcher runs the training entry once per rank:
-    python -m deepspeed.launcher.runner --num_gpus N --module --no_local_rank engine --config run.json
+DeepSpeed's launcher runs the training entry once per rank (engine/launch/launcher.py builds the
+command; by hand: python -m deepspeed.launcher.runner --num_gpus N --module --no_local_rank engine --config run.json)
 and the cache mode starts its own ranks the same way, with `cache ... --worker`.
 """
 from __future__ import annotations
 
 import argparse
 import sys
+import time
+
+PROCESS_START = time.time()  # before torch and ComfyUI are imported: the setup phases start here
 
 
 def _parse(argv: list[str]) -> argparse.Namespace:
@@ -31,4 +34,4 @@ if __name__ == "__main__":
         sys.exit(cache_main(args.config, worker=args.worker))
     from .train.loop import main
 
-    sys.exit(main(args.config))
+    sys.exit(main(args.config, process_start=PROCESS_START))

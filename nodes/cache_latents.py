@@ -17,6 +17,7 @@ from ..engine.cache.format import CacheError, remove_cache
 
 # the per-item encoding lives in the engine (engine/cache/items.py), shared with its cache mode
 from ..engine.cache.items import CONTROL_STYLES, ItemOptions, control_style_conflict
+from ..engine.cache.vae_frame_rate import resolve_target_fps
 from ..engine.cache.writer import (
     encode_shard,
     find_trusted_cache,
@@ -107,19 +108,26 @@ class PipeTrainCacheLatents:
         options = ItemOptions(first_frame_style if first_frame_conditioning else "", clip_vision,
                               clip_vision_crop != "none", control_style)
         identity = cache_identity(vae, clip, options)
+        notes: list[str] = []  # what the report says before the warnings
+        warnings: list[str] = []
+
+        def note(message: str) -> None:
+            notes.append(message)
+            log.info("PipeTrain CacheLatents: %s", message)
+
+        def warn(message: str) -> None:
+            warnings.append(message)
+            log.warning("PipeTrain CacheLatents: %s", message)
+        # target_fps "auto" becomes the rate of the VAE's video model: LoadDataset cannot know it
+        dataset = resolve_target_fps(dataset, vae, note, warn)
         if trust_cache and not regenerate:
             trusted = find_trusted_cache(dataset, identity)
             if trusted is not None:
                 line = (f"trust_cache is on: reusing {trusted.cache_dir} ({trusted.count} item(s)) without "
                         "checking the files.")
                 log.info("PipeTrain CacheLatents: %s", line)
-                return trusted, [line], ()
+                return trusted, [line, *notes, *warnings], ()
             log.info("PipeTrain CacheLatents: trust_cache is on but no complete cache matches; checking every file")
-        warnings: list[str] = []
-
-        def warn(message: str) -> None:
-            warnings.append(message)
-            log.warning("PipeTrain CacheLatents: %s", message)
         plan = plan_cache(dataset, identity, warn)
         if regenerate and plan.cache_dir.exists():
             log.info("PipeTrain CacheLatents: regenerate is on, deleting %s", plan.cache_dir)
@@ -136,4 +144,4 @@ class PipeTrainCacheLatents:
                 f"{time.monotonic() - start:.1f}s -> {plan.cache_dir}")
         log.info("PipeTrain CacheLatents: %s", line)
         failed = (("encode_failed", result.failed_count, tuple(result.failed)),) if result.failed_count else ()
-        return spec, [line, *warnings], plan.report + failed
+        return spec, [line, *notes, *warnings], plan.report + failed

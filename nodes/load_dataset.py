@@ -9,6 +9,7 @@ import logging
 
 from ..engine.data.buckets import BucketError, parse_aspect_ratios, parse_resolutions
 from ..engine.data.folders import resolve_extra_folder
+from ..engine.data.frame_rates import AUTO, fps_text, parse_target_fps, rates_summary
 from ..engine.data.messages import EXAMPLES_SHOWN, DatasetError, skipped_text
 from ..engine.data.scan import (
     DatasetSpec,
@@ -67,8 +68,17 @@ _FRAMES_TOOLTIP = (
     "HunyuanVideo, 8k+1 (25, 49, 97) for LTXV. Each video trains on one clip from its start; videos shorter than "
     "a clip are skipped and listed. A phone video's rotation is applied; animated GIF/WebP files are skipped (convert them "
     "to MP4). Needs the video model's VAE in CacheLatents.")
-_STRIDE_TOOLTIP = ("Take every N-th frame of the video (2 halves a 30 fps video to 15 fps, so a clip spans twice the "
-                   "time). Only matters with video_frames.")
+_STRIDE_TOOLTIP = ("Take every N-th frame: of the video resampled at target_fps (16 fps with stride 2 gives 8 fps, "
+                   "so a clip spans twice the time), or of the source frames when target_fps is 'source' (2 halves a "
+                   "30 fps video to 15 fps). Only matters with video_frames.")
+_FPS_TOOLTIP = (
+    "The frame rate clips are sampled at: frame i of a clip is the source frame nearest to i / target_fps seconds "
+    "after its first frame, so a 60 fps, 24 fps or variable-frame-rate video moves at the speed the model knows. "
+    "'auto' (or empty): the rate of the video model whose VAE CacheLatents gets (16 for Wan 2.1/2.2 14B, 24 for HunyuanVideo "
+    "and Wan 2.2 5B, 25 for LTX-Video, 30 for Mochi); a VAE that names no model (e.g. a light TAE) keeps the source "
+    "frames, with a warning. Or a rate: 16, 24, 23.976, 30000/1001. 'source' (or 0): every frame_stride-th frame of "
+    "the file, as it is. Clips more than 2x faster or slower than the rate, and variable-rate clips, are listed. "
+    "Only matters with video_frames.")
 
 
 _MASK_TOOLTIP = (
@@ -89,7 +99,7 @@ _CONTROL_TOOLTIP = (
 
 def build_spec(folders: str, resolution: int, repeats: int, aspect_ratios: str = "", extra_resolutions: str = "",
                bucket_multiple: int = 64, video_frames: int = 0, frame_stride: int = 1, mask_folder: str = "",
-               control_folder: str = "", follow_links: bool = False) -> DatasetSpec:
+               control_folder: str = "", follow_links: bool = False, target_fps: str = AUTO) -> DatasetSpec:
     if not (isinstance(repeats, int) and repeats >= 1):
         raise DatasetError(f"repeats is {repeats}: use a whole number of 1 or more.")
     try:
@@ -101,7 +111,7 @@ def build_spec(folders: str, resolution: int, repeats: int, aspect_ratios: str =
                        video_frames=int(video_frames), frame_stride=int(frame_stride),
                        mask_folder=resolve_extra_folder(mask_folder, _input_dir(), "mask_folder"),
                        control_folder=resolve_extra_folder(control_folder, _input_dir(), "control_folder"),
-                       follow_links=bool(follow_links))
+                       follow_links=bool(follow_links), target_fps=parse_target_fps(target_fps))
     spec.check()
     return spec
 
@@ -160,32 +170,34 @@ class PipeTrainLoadDataset:
             "control_folder": ("STRING", {"default": "", "tooltip": _CONTROL_TOOLTIP}),
             # new inputs go last: saved UI workflows store widget values by position
             "follow_links": ("BOOLEAN", {"default": False, "tooltip": _LINKS_TOOLTIP}),
+            "target_fps": ("STRING", {"default": AUTO, "tooltip": _FPS_TOOLTIP}),
         }}
 
     @classmethod
     def IS_CHANGED(cls, folders, resolution, repeats, aspect_ratios="", extra_resolutions="", bucket_multiple=64,
-                   video_frames=0, frame_stride=1, mask_folder="", control_folder="", follow_links=False):
+                   video_frames=0, frame_stride=1, mask_folder="", control_folder="", follow_links=False,
+                   target_fps=AUTO):
         # Names, sizes, mtimes and status-change times only (no file is read): cheap enough to run on every
         # queue, and any added, edited or re-captioned file makes ComfyUI run the node (and CacheLatents) again.
         try:
             return files_signature(build_spec(folders, resolution, repeats, aspect_ratios, extra_resolutions,
                                               bucket_multiple, video_frames, frame_stride, mask_folder,
-                                              control_folder, follow_links))
+                                              control_folder, follow_links, target_fps))
         except (DatasetError, OSError):
             return float("nan")  # never equal to itself: run the node, which reports the error
 
     def load_and_report(self, folders, resolution, repeats, aspect_ratios="", extra_resolutions="",
                         bucket_multiple=64, video_frames=0, frame_stride=1, mask_folder="", control_folder="",
-                        follow_links=False):
+                        follow_links=False, target_fps=AUTO):
         """What ComfyUI runs: load(), with the dataset report on the node (and in /history)."""
         spec, lines, rows = describe(folders, resolution, repeats, aspect_ratios, extra_resolutions, bucket_multiple,
-                                     video_frames, frame_stride, mask_folder, control_folder, follow_links)
+                                     video_frames, frame_stride, mask_folder, control_folder, follow_links, target_fps)
         return {"ui": {"text": lines, "pipetrain_report": report_rows(rows)}, "result": (spec,)}
 
     def load(self, folders, resolution, repeats, aspect_ratios="", extra_resolutions="", bucket_multiple=64,
-             video_frames=0, frame_stride=1, mask_folder="", control_folder="", follow_links=False):
+             video_frames=0, frame_stride=1, mask_folder="", control_folder="", follow_links=False, target_fps=AUTO):
         return (describe(folders, resolution, repeats, aspect_ratios, extra_resolutions, bucket_multiple, video_frames,
-                         frame_stride, mask_folder, control_folder, follow_links)[0],)
+                         frame_stride, mask_folder, control_folder, follow_links, target_fps)[0],)
 
 
 def describe(folders, resolution, repeats, *options) -> tuple[DatasetSpec, list[str], tuple]:
@@ -203,7 +215,8 @@ def describe(folders, resolution, repeats, *options) -> tuple[DatasetSpec, list[
              + (f" ({reasons})." if reasons else ".")]
     if spec.video_frames:
         lines.append(f"{len(result.items) - images} video(s) of {spec.video_frames} frame(s) per clip "
-                     f"(stride {spec.frame_stride}).")
+                     f"(stride {spec.frame_stride}), {sampling_text(spec)}"
+                     + (f"; their frame rates: {rates_summary(result.frame_rates)}." if result.frame_rates else "."))
     if result.pair_counts:
         lines.append(pair_report(spec, result.pair_counts))
     if spec.bucketed:
@@ -212,6 +225,13 @@ def describe(folders, resolution, repeats, *options) -> tuple[DatasetSpec, list[
         log.info("PipeTrain LoadDataset: %s", line)
     rows = result.report + ((("folder_line", len(notes), tuple(notes[:EXAMPLES_SHOWN])),) if notes else ())
     return spec, lines + list(result.warnings) + notes, rows
+
+
+def sampling_text(spec: DatasetSpec) -> str:
+    """How clips take their frames, for the summary line."""
+    if spec.target_fps == AUTO:
+        return "sampled at the video model's frame rate (target_fps auto: CacheLatents reads it from its VAE)"
+    return f"sampled at {fps_text(spec.target_fps)}" if spec.target_fps else "source frames (target_fps source)"
 
 
 def report_rows(rows) -> list[dict]:

@@ -61,6 +61,7 @@ class EngineRun:
         cfg.save(Path(cfg.run_dir) / "run.json")
         self.tail = EventTail(cfg.run_dir, start_at_end=True)
         self.events: list[dict] = []
+        self.launched = time.time()
         self.proc = launcher.spawn(cfg, str(Path(cfg.run_dir) / "run.json"), cuda=torch.cuda.is_available(),
                                    owner=owner)  # owner: a stand-in for the ComfyUI server
 

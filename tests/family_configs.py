@@ -48,6 +48,8 @@ class Family:
     extras: Callable[[torch.Generator], dict[str, Any]] = field(default=lambda g: {})
     group: str = ""  # ComfyUI code family (for the docs table)
     train: dict = field(default_factory=dict)  # objective options (t_range for the Wan 2.2 experts)
+    # extras ComfyUI keeps without a batch dim (Anima's T5 token ids): the cache lists them as unbatched
+    unbatched: tuple = ()
 
     @property
     def config(self) -> dict:
@@ -233,4 +235,6 @@ def batch(family: Family, seed: int = 1) -> tuple[torch.Tensor, list[dict[str, A
     g = torch.Generator().manual_seed(seed)
     latents = torch.randn((1, *family.latent), generator=g)
     cond = {"cross_attn": torch.randn((T, family.text_width), generator=g), "extras": family.extras(g)}
+    if family.unbatched:
+        cond["unbatched"] = family.unbatched
     return latents, [cond]

@@ -36,6 +36,11 @@ MODE_KWARGS = {
     "ltxv": {"attention_mask", "frame_rate"},
     "ltxv_i2v": {"attention_mask", "frame_rate", "denoise_mask"},
     "wan22_5b_ti2v": {"denoise_mask"},
+    # ComfyUI 0.33+ families (tests/family_configs_033.py)
+    "krea2_edit": {"ref_latents", "ref_latents_method"},
+    "krea2_edit_t0": {"ref_latents", "ref_latents_method"},
+    "anima": {"t5xxl_ids", "t5xxl_weights"},  # outside inference mode the LLM adapter runs in the model
+    "flux2_klein_edit": {"ref_latents"},
 }
 
 
@@ -52,6 +57,9 @@ BLOCK_ROOTS = {
     "CosmosT2IPredict2": ["blocks"], "Flux2": _DOUBLE_SINGLE, "LTXV": ["transformer_blocks"],
     "HunyuanVideo": _DOUBLE_SINGLE, "HunyuanVideo15": ["double_blocks"], "CosmosT2V": ["blocks"],
     "WAN21_T2V": ["blocks"], "WAN21_I2V": ["blocks"], "WAN22_T2V": ["blocks"],
+    # ComfyUI 0.33+: Krea 2's text-fusion blocks and Anima's LLM-adapter blocks sit one level down
+    # (txtfusion.*, llm_adapter.blocks): prefix, not blocks.
+    "Krea2": ["blocks"], "Anima": ["blocks"], "ErnieImage": ["layers"],
 }
 
 

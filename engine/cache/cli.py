@@ -72,6 +72,7 @@ def run_rank(cfg: CacheConfig, worker: bool) -> int:
     from ..launch.comfy_bootstrap import import_comfy
     from .encoders import cache_identity
     from .items import ItemOptions
+    from .vae_frame_rate import resolve_target_fps
     from .writer import (
         ShardResult,
         encode_shard,
@@ -90,13 +91,14 @@ def run_rank(cfg: CacheConfig, worker: bool) -> int:
         vae, clip = load_encoders(cfg)
         options = ItemOptions(cfg.first_frame, load_clip_vision(cfg), cfg.clip_vision_crop != "none", cfg.control_style)
         identity = cache_identity(vae, clip, options)
+        dataset = resolve_target_fps(cfg.dataset, vae, lambda m: _say(rank, m), lambda m: _say(rank, f"warning: {m}"))
         if cfg.trust_cache and not cfg.regenerate:
-            trusted = find_trusted_cache(cfg.dataset, identity)  # every rank finds the same one
+            trusted = find_trusted_cache(dataset, identity)  # every rank finds the same one
             if trusted is not None:
                 _say(rank, f"trust_cache is on, reusing {trusted.cache_dir} without checking the files")
                 return 0
             _say(rank, "trust_cache is on but no complete cache matches; checking every file")
-        plan = plan_cache(cfg.dataset, identity, lambda m: _say(0, f"warning: {m}")) if rank == 0 else None
+        plan = plan_cache(dataset, identity, lambda m: _say(0, f"warning: {m}")) if rank == 0 else None
         if world > 1:  # the others take rank 0's scan: the files are read once, and every rank has the same plan
             box = [plan]
             dist.broadcast_object_list(box, src=0)
@@ -141,9 +143,11 @@ def _progress(rank: int, total: int, start: float):
 
 
 def launcher_command(cfg: CacheConfig, config_path: str, master_port: int) -> list[str]:
-    cmd = [sys.executable, "-u", "-m", "deepspeed.launcher.runner", "--master_port", str(master_port)]
-    cmd += ["--include", f"localhost:{cfg.gpu_ids}"] if cfg.gpu_ids else ["--num_gpus", str(cfg.processes)]
-    return cmd + ["--module", "--no_local_rank", "engine", "cache", "--config", config_path, "--worker"]
+    from ..launch.launcher import local_launcher
+
+    ids = [int(i) for i in cfg.gpu_ids.split(",")] if cfg.gpu_ids else list(range(cfg.processes))
+    return local_launcher(ids, master_port) + ["--module", "--no_local_rank", "engine", "cache", "--config",
+                                               config_path, "--worker"]
 
 
 def launch(cfg: CacheConfig, config_path: str) -> int:

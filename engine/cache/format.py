@@ -52,6 +52,7 @@ from typing import Any, Iterable, Mapping
 import torch
 from safetensors import safe_open
 
+from ..data.frame_rates import sampling_fps
 from ..data.images import PREPROCESS_VERSION
 from ..data.pairs import MASK_VERSION
 from ..data.scan import DatasetItem, DatasetSpec, relative_source
@@ -97,7 +98,8 @@ def fingerprint(spec: DatasetSpec, scan_items: Iterable[DatasetItem], encoder_id
     """sha256[:16] of everything that changes a cached tensor (and the format they are stored in).
 
     Repeats are deliberately left out: they change how often an item is seen, not its latent,
-    so editing them must not re-encode. The metadata table (rewritten on every CacheLatents run)
+    so editing them must not re-encode. A video clip's sampling rate (target_fps) is in it: another
+    rate picks other frames. The metadata table (rewritten on every CacheLatents run)
     is where the engine reads repeats from. digests: item path -> the content digest of its files
     (engine/cache/digests.py), so an edit that keeps size and mtime still makes a new fingerprint.
     """
@@ -107,7 +109,7 @@ def fingerprint(spec: DatasetSpec, scan_items: Iterable[DatasetItem], encoder_id
     if spec.bucketed:  # only then, so caches written before buckets existed keep their fingerprint
         h.update(json.dumps({"aspect_ratios": list(spec.aspect_ratios), "extra_resolutions": list(spec.extra_resolutions),
                              "multiple": spec.bucket_multiple, "video_frames": spec.video_frames,
-                             "frame_stride": spec.frame_stride}).encode())
+                             "frame_stride": spec.frame_stride, **_frame_rate(spec)}).encode())
     if spec.mask_folder or spec.control_folder:  # only then: caches without them keep their fingerprint
         h.update(json.dumps({"mask_folder": bool(spec.mask_folder), "control_folder": bool(spec.control_folder),
                              "mask_version": MASK_VERSION}).encode())
@@ -122,18 +124,26 @@ def fingerprint(spec: DatasetSpec, scan_items: Iterable[DatasetItem], encoder_id
     return h.hexdigest()[:16]
 
 
+def _frame_rate(spec: DatasetSpec) -> dict[str, float]:
+    """The rate clips are sampled at, when it is not the source's (0, which caches written before
+    target_fps existed used): only then part of the fingerprint and item keys, so theirs stay valid."""
+    fps = sampling_fps(spec) if spec.video_frames else 0.0
+    return {"target_fps": fps} if fps else {}
+
+
 def cache_dir_for(spec: DatasetSpec, fp: str) -> Path:
     return Path(spec.folders[0].path) / CACHE_FOLDER / fp
 
 
 def item_key(spec: DatasetSpec, item: DatasetItem, size, digest: str = "") -> str:
     """What one cached item was made from (its file's name, size, mtime and caption, every other scan
-    field but repeats, the content digest of its files, and the size it is cached at). The same key in
+    field but repeats, the content digest of its files, the size it is cached at and, for a video, the
+frame rate its clip is sampled at). The same key in
     another cache with the same encoders and settings means the same tensors, so they can be copied
     instead of encoded. The preprocessing and mask versions are part of it: a change to how files
     become pixels re-encodes."""
     fields = {k: v for k, v in vars(item).items() if k not in ("path", "repeats")}  # nested dataclasses: their repr
-    versions = {"preprocess": PREPROCESS_VERSION, "mask": MASK_VERSION}
+    versions = {"preprocess": PREPROCESS_VERSION, "mask": MASK_VERSION, **(_frame_rate(spec) if item.frames else {})}
     made_of = [relative_source(spec, item.path), list(size), fields, versions] + ([digest] if digest else [])
     return hashlib.sha256(json.dumps(made_of, sort_keys=True, default=repr).encode("utf-8", "surrogateescape")
                           ).hexdigest()[:32]

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from ..data.frame_rates import sampling_fps
 from ..data.images import ImageReadError, load_image
 from ..data.pairs import load_mask
 from ..data.scan import DatasetItem, DatasetSpec
@@ -113,7 +114,8 @@ def load_pixels(dataset: DatasetSpec, item: DatasetItem, size):
     import torch
 
     if item.frames:
-        pixels = torch.from_numpy(load_video(item.path, size, dataset.video_frames, dataset.frame_stride))
+        pixels = torch.from_numpy(load_video(item.path, size, dataset.video_frames, dataset.frame_stride,
+                                             sampling_fps(dataset)))
     else:
         pixels = torch.from_numpy(load_image(item.path, size)).unsqueeze(0)
     control = torch.from_numpy(load_image(item.control.path, size)).unsqueeze(0) if item.control else None

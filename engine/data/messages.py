@@ -3,7 +3,7 @@ they are shown, what one usable image adds to them (`note_image`), and the error
 without usable images.
 
 Templates take {n} (how many files), {examples} (the first few names) and the fill values
-engine/data/scan.py passes ({ext}, {res}, {limit}, {need}). Each says what happened and the fix.
+engine/data/scan.py passes ({ext}, {res}, {limit}, {need}, {fps}, {vfr_effect}). Each says what happened and the fix.
 """
 from __future__ import annotations
 
@@ -24,8 +24,14 @@ WARNINGS = (
     ("unreadable", "{n} file(s) cannot be read and are skipped: {examples}"),
     ("videos", "{n} video file(s) are skipped: set LoadDataset's 'video_frames' (e.g. 17 for Wan) to train on "
                "them: {examples}"),
-    ("short", "{n} video(s) are shorter than one clip ({need} frames for video_frames x frame_stride) and are "
-              "skipped: lower video_frames or frame_stride, or remove them: {examples}"),
+    ("short", "{n} video(s) are shorter than one clip ({need}) and are skipped: lower video_frames or "
+              "frame_stride, or remove them: {examples}"),
+    # frame rates (engine/data/frame_rates.py)
+    ("fps_far", "{n} video(s) run at a frame rate far from target_fps {fps} (more than twice or less than half of "
+                "it); their frames are picked by timestamp, which skips most frames of a fast clip and repeats "
+                "frames of a slow one: check they are the clips you mean, or convert them near {fps}: {examples}"),
+    ("fps_variable", "{n} video(s) have a variable frame rate (phone and screen recordings often do); "
+                     "{vfr_effect}: {examples}"),
     ("unsupported", "{n} file(s) are in a format PipeTrain cannot read and are skipped: {examples}"),
     ("unlisted", "{n} file(s) hold an image or a video but their name lacks a known extension, so they are "
                  "skipped: rename them: {examples}"),

@@ -16,7 +16,8 @@ images in engine/data/pairs.py.
 
 The scan never raises for a bad file: every skipped or altered file goes into grouped warnings
 naming the files and the fix; `validate` raises DatasetError only when nothing trainable is
-left. Videos are scanned only when `video_frames` is set (engine/data/video.py); the size each
+left. Videos are scanned only when `video_frames` is set (engine/data/video.py), and their clips
+sampled at `target_fps` (engine/data/frame_rates.py); the size each
 file trains at comes from engine/data/buckets.py (`DatasetSpec.sizes_for`, `cache_entries`). Captions: `<image stem><caption_ext>` (ignoring case if the exact name is missing); a.png
 and a.jpg share a.txt, and the scan says so. Hidden files (names starting with '.') are skipped, and
 so are links that leave their folder unless `follow_links` (engine/data/folders.py: outside_link).
@@ -33,6 +34,7 @@ from typing import Any
 
 from PIL import Image
 
+from . import frame_rates as fr
 from .buckets import bucket_sizes, merged_buckets_notice, nearest_bucket
 from .captions import MAX_CAPTION_CHARS, read_caption
 from .folders import (
@@ -57,7 +59,7 @@ from .messages import WARNINGS as _WARNINGS
 from .messages import examples as _examples
 from .messages import no_images_message as _no_images_message
 from .pairs import PairedFile, Pairing, pair_signature
-from .video import VideoReadError, needed_frames, probe_video
+from .video import VideoReadError, probe_video
 
 DATASET_SPEC_VERSION = 1
 MIN_RESOLUTION, MAX_RESOLUTION, RESOLUTION_STEP = 64, 4096, 64
@@ -97,11 +99,15 @@ class DatasetSpec:
     mask_folder: str = ""  # absolute; loss masks by image name (engine/data/pairs.py); "" = none
     control_folder: str = ""  # absolute; control (reference) images of edit pairs; "" = none
     follow_links: bool = False  # read files linked from outside their folder (off: skipped and listed)
+    # clips' frames picked by timestamp at this rate; 0 = every frame_stride-th source frame; "auto" = the
+    # video model's rate, which CacheLatents sets from its VAE (engine/data/frame_rates.py)
+    target_fps: float | str = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         # optional settings only when set: the dicts of older specs stay equal (trust_cache compares them)
         pairs = {k: v for k, v in (("mask_folder", self.mask_folder), ("control_folder", self.control_folder),
-                                   ("follow_links", self.follow_links)) if v}
+                                   ("follow_links", self.follow_links),
+                                   ("target_fps", self.video_frames and self.target_fps)) if v}
         return {"folders": [f.to_dict() for f in self.folders], "resolution": self.resolution,
                 "caption_ext": self.caption_ext, "version": self.version, "aspect_ratios": list(self.aspect_ratios),
                 "extra_resolutions": list(self.extra_resolutions), "bucket_multiple": self.bucket_multiple,
@@ -136,6 +142,8 @@ class DatasetSpec:
             kw["extra_resolutions"] = tuple(int(x) for x in kw.get("extra_resolutions", ()))
         except (TypeError, ValueError) as e:
             raise DatasetError(f"dataset.aspect_ratios / extra_resolutions must be lists of numbers ({e}).") from None
+        if "target_fps" in kw:
+            kw["target_fps"] = fr.parse_target_fps(kw["target_fps"])
         return cls(**kw)
 
     def check(self) -> None:
@@ -156,6 +164,7 @@ class DatasetSpec:
                                "needs, e.g. 17, 33 or 81 (4k+1) for Wan/HunyuanVideo, 25 or 49 (8k+1) for LTXV.")
         if not (isinstance(self.frame_stride, int) and 1 <= self.frame_stride <= 100):
             raise DatasetError(f"frame_stride is {self.frame_stride}: use a whole number from 1 (every frame) to 100.")
+        fr.check_target_fps(self.target_fps)
         if any(not (0 < a < 100) for a in self.aspect_ratios):
             raise DatasetError(f"aspect_ratios {list(self.aspect_ratios)}: every ratio must be a positive width/height.")
         if not isinstance(self.follow_links, bool):
@@ -250,6 +259,7 @@ class ScanResult:
     pair_counts: dict[str, int] = dataclasses.field(default_factory=dict)  # Pairing.counts; empty without folders
     report: tuple[ReportRow, ...] = ()  # per reason: (kind, how many, the first names), in the order shown
     skipped: int = 0  # media files found that are not trained, for any reason (the rows say which)
+    frame_rates: dict[str, int] = dataclasses.field(default_factory=dict)  # '24 fps' -> how many usable videos
 
 
 def files_signature(spec: DatasetSpec) -> str:
@@ -282,6 +292,7 @@ def scan_dataset(spec: DatasetSpec) -> ScanResult:
     videos: list[str] = []
     subfolder_notes: list[str] = []
     candidates = 0  # media files found; those that are no item were skipped
+    rates: dict[str, int] = {}  # the usable videos' frame rates, for the summary
     pairing = Pairing(spec.mask_folder, spec.control_folder, report, spec.follow_links)
     for folder in spec.folders:
         listing = _list_folder(folder.path)
@@ -313,14 +324,16 @@ def scan_dataset(spec: DatasetSpec) -> ScanResult:
                 # with video_frames set its motion is expected to train; only video files give it
                 report["animated_video"].append(path)
                 continue
-            if frames and frames < needed_frames(spec.video_frames, spec.frame_stride):
-                report["short"].append(f"{path} ({frames} frames)")
+            if frames and not fr.long_enough(spec, info.times):
+                report["short"].append(fr.short_note(spec, path, info.times))
                 continue
             item = pairing.attach(DatasetItem(path, None, folder.repeats, st.st_size, st.st_mtime_ns, info.width,
                                               info.height, frames))
             if item is None:  # its control image or mask is missing/unreadable: listed by the pairing
                 continue
             note_image(report, path, info, spec)
+            if frames:
+                fr.note_frame_rate(report, rates, path, info.times, spec)
             cap_name = caption_name(listing, name, spec.caption_ext)
             caption = None
             if cap_name is not None:
@@ -356,7 +369,8 @@ def scan_dataset(spec: DatasetSpec) -> ScanResult:
     report["videos"] = videos
     fill = {"ext": spec.caption_ext, "res": spec.resolution, "limit": (Image.MAX_IMAGE_PIXELS or 0) // 1_000_000,
             "max_caption": MAX_CAPTION_CHARS, "aspect_fix": aspect_advice(spec),
-            "need": needed_frames(spec.video_frames, spec.frame_stride)}
+            "need": fr.clip_need(spec), "fps": fr.fps_text(fr.sampling_fps(spec)),
+            "vfr_effect": fr.variable_effect(spec)}
     notice = merged_buckets_notice(spec.resolutions, spec.aspect_ratios, spec.bucket_multiple)
     warnings, rows = grouped_report(report, fill, {"buckets_merged": [notice] if notice else [],
                                                    "subfolder": subfolder_notes})
@@ -364,7 +378,7 @@ def scan_dataset(spec: DatasetSpec) -> ScanResult:
     return ScanResult(tuple(items), MissingCaptions(len(missing), tuple(missing[:EXAMPLES_SHOWN])),
                       tuple(unreadable), tuple(warnings), tuple(videos),
                       {k: v for k, v in pairing.counts.items() if spec.mask_folder or spec.control_folder},
-                      rows, candidates - len(items))
+                      rows, candidates - len(items), rates)
 
 
 def validate(spec: DatasetSpec) -> ScanResult:

@@ -1,11 +1,14 @@
-"""Video files on disk: `probe_video` (size, frame count, frame rate) and `load_video` (the clip
-the VAE encodes), through PyAV (the FFmpeg binding ComfyUI's own video loading uses).
+"""Video files on disk: `probe_video` (size, frame count, frame rate, frame timestamps) and
+`load_video` (the clip the VAE encodes), through PyAV (the FFmpeg binding ComfyUI's own video
+loading uses).
 
-Frame sampling: a clip is `frames` frames taken every `stride`-th source frame, from the start
-of the video. Video models need particular counts (4k+1 for Wan/HunyuanVideo, 8k+1 for LTXV):
-the user sets `frames` accordingly; a video with fewer than (frames - 1) * stride + 1 frames is
-too short and is reported by the dataset scan, never padded. Frames are resized and
-center-cropped exactly like images (engine/data/images.py), to the video's bucket.
+Frame sampling: a clip is `frames` frames from the start of the video, picked by timestamp at
+`target_fps` (LoadDataset's setting), or every `stride`-th source frame when target_fps is 0
+(engine/data/frame_picks.py decides which; the timestamps are the packets' presentation times,
+read without decoding). Video models need particular counts (4k+1 for Wan/HunyuanVideo, 8k+1 for
+LTXV): the user sets `frames` accordingly; a video too short for one clip is reported by the
+dataset scan, never padded. Frames are resized and center-cropped exactly like images
+(engine/data/images.py), to the video's bucket.
 
 Rotation: phones store portrait videos as landscape frames plus a display rotation (the
 container's display matrix); it is applied, like EXIF orientation for images, so the clip trains
@@ -23,6 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 from PIL import Image
 
+from .frame_picks import pick_frames
 from .images import _check_file, _resize_crop, _sniff, _to_rgb8
 
 # FFmpeg demuxers that read single pictures: a video-named file that one of them opens is an image
@@ -40,7 +44,8 @@ class VideoInfo:
     width: int
     height: int
     frames: int
-    fps: float
+    fps: float  # the container's average rate (the timestamps below are what sampling uses)
+    times: tuple[float, ...] = ()  # every frame's presentation time in seconds, ascending
 
 
 def needed_frames(frames: int, stride: int) -> int:
@@ -73,6 +78,20 @@ def _rotation(frame) -> int:
         return round(float(getattr(frame, "rotation", 0) or 0))
     except (TypeError, ValueError):
         return 0
+
+
+def frame_times(container) -> list[float]:
+    """Presentation times (seconds, ascending) of the first video stream's frames, from its packets
+    (no decoding). Packets FFmpeg marks to discard (cut by an edit list) are no frames. Without
+    timestamps (some raw streams), frames are spaced at the container's rate, else FFmpeg's
+    default of 25 fps."""
+    stream = container.streams.video[0]
+    pts = [p.pts for p in container.demux(stream) if p.size and not getattr(p, "is_discard", False)]
+    if not pts or any(p is None for p in pts) or stream.time_base is None:
+        rate = float(stream.average_rate or stream.guessed_rate or 0) or 25.0
+        return [i / rate for i in range(len(pts))]
+    base = float(stream.time_base)
+    return sorted(p * base for p in pts)
 
 
 def _picture(frame) -> Image.Image:
@@ -111,23 +130,30 @@ def probe_video(path: str) -> VideoInfo:
             if first is not None and _rotation(first) in (90, -90, 270):
                 width, height = height, width
         with av.open(path) as container:
-            frames = sum(1 for packet in container.demux(container.streams.video[0]) if packet.size)
+            times = frame_times(container)
     except VideoReadError:
         raise
     except Exception as e:  # PyAV raises its own error types (InvalidDataError, ...)
         raise _fail(path, e) from None
-    if frames == 0 or first is None or not width or not height:
+    if not times or first is None or not width or not height:
         raise VideoReadError(f"{path} holds no video frames: re-export it, or remove it")
-    return VideoInfo(width, height, frames, fps)
+    return VideoInfo(width, height, len(times), fps, tuple(times))
 
 
-def load_video(path: str, size: tuple[int, int], frames: int, stride: int = 1) -> np.ndarray:
-    """float32 [frames, height, width, 3] in 0..1: every `stride`-th frame from the start."""
+def load_video(path: str, size: tuple[int, int], frames: int, stride: int = 1, target_fps: float = 0.0) -> np.ndarray:
+    """float32 [frames, height, width, 3] in 0..1: the clip from the start, its frames picked by
+    timestamp at target_fps, or every `stride`-th frame when target_fps is 0 (frame_picks.py)."""
     av = _av(path)
 
-    wanted = set(range(0, needed_frames(frames, stride), stride))
-    out = []
+    out, picks = [], None
     try:
+        with av.open(path) as container:
+            picks = pick_frames(frame_times(container), frames, target_fps, stride)
+        if picks is None and not target_fps:  # decode what there is: the error below says how many
+            picks = list(range(0, needed_frames(frames, stride), stride))
+        wanted = {}  # source frame index -> how often the clip shows it (a slow clip repeats frames)
+        for i in picks or ():
+            wanted[i] = wanted.get(i, 0) + 1
         with av.open(path) as container:
             for i, frame in enumerate(container.decode(video=0)):
                 if i in wanted:
@@ -135,14 +161,18 @@ def load_video(path: str, size: tuple[int, int], frames: int, stride: int = 1) -
                     turn = _TRANSPOSE.get(_rotation(frame))
                     if turn is not None:
                         picture = picture.transpose(turn)
-                    rgb = _resize_crop(picture, tuple(size))
-                    out.append(np.asarray(rgb, dtype=np.float32) / 255.0)
+                    rgb = np.asarray(_resize_crop(picture, tuple(size)), dtype=np.float32) / 255.0
+                    out += [rgb] * wanted[i]
                     if len(out) == frames:
                         break
     except Exception as e:
         raise _fail(path, e) from None
+    if picks is None:
+        raise VideoReadError(f"{path} is too short for one clip of {frames} frames at {target_fps:g} fps (stride "
+                             f"{stride}): lower 'video_frames' or 'frame_stride', or remove it")
     if len(out) < frames:
-        raise VideoReadError(f"{path} decoded to only {len(out)} usable frame(s) of the {frames} needed (stride "
-                             f"{stride}): lower 'video_frames' or 'frame_stride', or re-encode the video")
+        at = f"at {target_fps:g} fps, stride {stride}" if target_fps else f"stride {stride}"
+        raise VideoReadError(f"{path} decoded to only {len(out)} usable frame(s) of the {frames} needed ({at}): "
+                             "lower 'video_frames' or 'frame_stride', or re-encode the video")
     return np.clip(np.stack(out), 0.0, 1.0)
 

@@ -2,8 +2,9 @@
 
 Used by the TrainPipeline node and by the headless command
     python -m engine.launch.launcher <run_dir>/run.json
-Both start exactly the same process tree: `sys.executable -m deepspeed.launcher.runner ...`
-(or, for the DeepSpeed-free backend, `sys.executable -m engine ...`) with cwd = the pack root,
+Both start exactly the same process tree: on one machine DeepSpeed's per-node launcher
+`sys.executable -m deepspeed.launcher.launch ...`, on several its runner `-m deepspeed.launcher.runner`
+(for the DeepSpeed-free backend, `sys.executable -m engine ...`), with cwd = the pack root,
 in its own process group so a cancel or a failure can end every rank at once. Nothing here is
 POSIX-only: Windows gets a new process group and CTRL_BREAK instead of signals to a group.
 
@@ -14,6 +15,8 @@ and the master's address first.
 from __future__ import annotations
 
 import argparse
+import base64
+import json
 import os
 import signal
 import socket
@@ -58,14 +61,34 @@ def launcher_command(cfg: RunConfig, config_path: str | os.PathLike, master_port
                      node: cluster.NodePlan | None = None, hostfile: str = "") -> list[str]:
     if cfg.launch.backend == "plain":  # no launcher: the engine itself is the one process
         return [sys.executable, "-u", "-m", "engine", "--config", str(config_path)]
-    cmd = [sys.executable, "-u", "-m", "deepspeed.launcher.runner"]
     if node is not None:  # several machines: the flags DeepSpeed's users know (engine/launch/cluster.py)
-        cmd += cluster.runner_args(node, hostfile, cfg.launch.gpu_ids)
-    elif cfg.launch.gpu_ids:
-        cmd += ["--master_port", str(master_port), "--include", "localhost:" + cfg.launch.gpu_ids]
+        cmd = [sys.executable, "-u", "-m", "deepspeed.launcher.runner"] + cluster.runner_args(node, hostfile,
+                                                                                            cfg.launch.gpu_ids)
     else:
-        cmd += ["--master_port", str(master_port), "--num_gpus", str(cfg.launch.num_gpus)]
+        # One machine: DeepSpeed's per-node launcher directly, with the world its runner would compute. The
+        # runner adds nothing else here, and its own `import deepspeed` cost 15 s of an H200's 64 s from
+        # launch to the first loss (docs/benchmarks.md).
+        cmd = local_launcher(cfg.launch.device_ids(), master_port)
     return cmd + ["--module", "--no_local_rank", "engine", "--config", str(config_path)]
+
+
+def local_launcher(ids: list[int], master_port: int) -> list[str]:
+    """DeepSpeed's per-node launcher for ranks on this machine's devices `ids` (everything before `--module`)."""
+    world = {"localhost": local_devices(ids, os.environ.get("CUDA_VISIBLE_DEVICES"))}
+    return [sys.executable, "-u", "-m", "deepspeed.launcher.launch", "--world_info=" + encode_world(world),
+            "--master_addr=127.0.0.1", f"--master_port={master_port}"]
+
+
+def local_devices(ids: list[int], visible: str | None) -> list[int]:
+    """The device numbers DeepSpeed's launcher gives the ranks (it sets CUDA_VISIBLE_DEVICES to them) for
+    the GPUs `ids` as this process numbers them: through this process's CUDA_VISIBLE_DEVICES where set."""
+    shown = [int(v) for v in (visible or "").split(",") if v.strip().isdigit()]
+    return [shown[i] if i < len(shown) else i for i in ids]
+
+
+def encode_world(world: dict[str, list[int]]) -> str:
+    """DeepSpeed's --world_info: the host -> device numbers map as base64 of its JSON."""
+    return base64.urlsafe_b64encode(json.dumps(world).encode()).decode()
 
 
 def launcher_env(cfg: RunConfig, cuda: bool, owner: int | None = None) -> dict[str, str]:

@@ -19,17 +19,21 @@ from ..events import EventLog
 from ..version import __version__
 from . import checkpoints, node_checks
 from . import distributed as dist
+from .setup_phases import SetupPhases
 from .stop_flag import StopFlag
 
 BLOCK_VERDICTS = ".block-verdicts.json"  # beside the run folders: engine/patches caches its probe verdicts there
 
 
-def main(config_path: str) -> int:
+def main(config_path: str, process_start: float | None = None) -> int:
+    phases = SetupPhases(process_start)
+    phases.done("python_imports")  # torch and this package
     cfg = RunConfig.load(config_path)
     cfg.check_files()  # this node's copies of the model, ComfyUI, the caches and the LoRA to start from
     from ..launch.comfy_bootstrap import import_comfy
 
     import_comfy(cfg.comfyui_root)
+    phases.done("comfyui_import")
     device_type = "cuda" if torch.cuda.is_available() else "cpu"
     if cfg.launch.backend == "deepspeed":
         dist.init(device_type, cfg.launch.cluster.timeout_s)
@@ -38,11 +42,12 @@ def main(config_path: str) -> int:
         device = torch.device("cuda", dist.local_rank())
     else:
         device = torch.device("cpu")
+    phases.done("distributed_init")
     events = EventLog(cfg.run_dir, enabled=dist.rank() == 0)
     peers: list = []  # every rank's facts (pid, host): a rank that dies is named by the others
     try:
         peers = node_checks.check_agreement(cfg)  # every node: same versions, run.json, files and checkpoint
-        code = train(cfg, device, events)
+        code = train(cfg, device, events, phases)
         dist.leave()  # together: a rank that exits while a peer still reads from it can abort that peer
         return code
     except BaseException as e:  # report every failure before the launcher sees the exit code
@@ -52,7 +57,7 @@ def main(config_path: str) -> int:
         raise
 
 
-def train(cfg: RunConfig, device: torch.device, events: EventLog) -> int:
+def train(cfg: RunConfig, device: torch.device, events: EventLog, phases: SetupPhases | None = None) -> int:
     from ..cache.reader import CachedDataset
     from ..config.rules import data_parallel_size
     from ..latent_fit import accepted_channels, wanted_latents
@@ -73,6 +78,8 @@ def train(cfg: RunConfig, device: torch.device, events: EventLog) -> int:
     resuming = cfg.resume and (run_dir / "checkpoints" / "latest").exists()
     changes = revisions.check_resume(run_dir, cfg.to_dict()) if resuming else []
     t = cfg.train
+    phases = phases or SetupPhases()
+    phases.done("node_checks")  # the nodes' agreement, the resume check and this function's imports
     stop = StopFlag(run_dir)  # also watches the ComfyUI server that started the run
     launched = time.time()
 
@@ -88,6 +95,7 @@ def train(cfg: RunConfig, device: torch.device, events: EventLog) -> int:
     pipelined = cfg.memory.pipeline_stages > 1
     # Pipelined: load on the CPU; DeepSpeed moves only this rank's stage to its GPU.
     model = load_base_model(cfg, torch.device("cpu") if pipelined else device)
+    phases.done("model_load")  # reading the file and building ComfyUI's model on the device
     apply_timestep_shift(model, t.timestep_shift)
     model.model_sampling.to(device)
     if dataset.latent_shape[0] not in accepted_channels(model.latent_format, dataset.latent_shape):
@@ -100,10 +108,13 @@ def train(cfg: RunConfig, device: torch.device, events: EventLog) -> int:
     run_forward, context = probe_forward(DiffusionObjective(model, seed=t.seed), dataset, device)
     make_trainable(model.diffusion_model, run_forward, device=device, context=context,
                    cache_file=run_dir.parent / BLOCK_VERDICTS)
+    phases.done("block_probe")
     torch.manual_seed(t.seed)  # peft draws lora_A's initial values from the global RNG
     targets = inject_lora(model.diffusion_model, cfg.lora)
+    phases.done("lora")
     # Checkpointing, block swap, compile; places the model on the device unless pipelined.
     memory = apply_memory_options(model, cfg.memory, None if pipelined else device)
+    phases.done("memory_options")  # compiling happens in the first step, not here
     objective = DiffusionObjective(model, seed=t.seed, timestep_sampling=t.timestep_sampling,
                                    t_range=(t.min_t, t.max_t))
     if pipelined:
@@ -123,6 +134,8 @@ def train(cfg: RunConfig, device: torch.device, events: EventLog) -> int:
         with memory.hidden():  # DeepSpeed moves the whole model to the GPU: not the swapped blocks
             engine = _build_engine(cfg, objective, optimizer, scheduler)
 
+    phases.done("engine")  # DeepSpeed's engine (pipelined: the stages, checked against apply_model)
+
     # ---- resume -----------------------------------------------------------------------
     ckpt_root = run_dir / "checkpoints"
     signature = {"targets": len(targets), "rank": cfg.lora.rank, "model": os.path.basename(cfg.model_path)}
@@ -131,11 +144,13 @@ def train(cfg: RunConfig, device: torch.device, events: EventLog) -> int:
         start_step = checkpoints.resume(engine, ckpt_root, cfg.launch.backend, signature)
     if rank == 0:
         revisions.record(run_dir, cfg.to_dict(), start_step)  # the settings of the steps from here on
+    phases.done("resume")  # the checkpoint loaded (if any) and the config revision kept
 
     layout = node_checks.rank_layout(engine, pipelined)  # node, stage and replica of every rank
     events.emit("started", step=start_step, total=total_steps, world_size=world, device=str(device),
                 lora_targets=len(targets), trainable_params=sum(p.numel() for p in params),
-                samples=len(stream), setup_seconds=round(time.time() - launched, 2), ranks=layout)
+                samples=len(stream), setup_seconds=round(time.time() - launched, 2), ranks=layout,
+                setup_phases=phases.seconds)
     tb = _tensorboard(run_dir) if rank == 0 else None
     if changes and rank == 0:
         listed = [{"setting": name, "before": old, "after": new} for name, old, new in changes]

@@ -42,6 +42,12 @@ def test_loss_falls_and_lora_is_written(config):
     assert last < 0.8 * first, f"loss did not fall: first 8 steps {first:.3f}, last 8 {last:.3f}"
     lora = _lora(run)
     assert lora and all(k.startswith("diffusion_model.") for k in lora)
+    # Where the time to the first step went: every setup phase, in order, within launch -> 'started'.
+    phases = run.of("started")[0]["setup_phases"]
+    assert list(phases) == ["python_imports", "comfyui_import", "distributed_init", "node_checks", "model_load",
+                            "block_probe", "lora", "memory_options", "engine", "resume"]
+    assert all(v >= 0 for v in phases.values())
+    assert sum(phases.values()) <= run.of("started")[0]["time"] - run.launched + 0.05
     assert any(k.endswith(".lora_B.weight") and v.abs().sum() > 0 for k, v in lora.items()), "LoRA B never trained"
 
 

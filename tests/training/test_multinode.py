@@ -8,7 +8,9 @@ mid-run must end the survivor within the collective timeout with a clear error; 
 """
 from __future__ import annotations
 
+import base64
 import dataclasses
+import json
 import os
 import shutil
 import subprocess
@@ -143,15 +145,23 @@ def test_deepspeed_runner_reads_the_generated_flags_as_one_launcher_per_node(tmp
     args = runner.parse_args(launcher_command(cfg, "run.json", 0, node, node.hostfile)[4:])
     active = runner.parse_inclusion_exclusion(runner.fetch_hostfile(args.hostfile), args.include, args.exclude)
     assert dict(active) == {"hostA": [1, 3], "hostB": [1, 3]}
-    # One machine with gpu_ids: a single --include (DeepSpeed's parser keeps only the last of several).
+    # One machine: DeepSpeed's per-node launcher itself, read by its own parser, with the GPUs gpu_ids
+    # names (as this process numbers them: through its CUDA_VISIBLE_DEVICES where set).
+    from deepspeed.launcher import launch
+
     one = _unvalidated(num_gpus=2, stages=2)
     one = dataclasses.replace(one, launch=dataclasses.replace(one.launch, gpu_ids="1,3"))
-    cmd = launcher_command(one, "run.json", 29500, None)
-    assert cmd.count("--include") == 1 and "--num_gpus" not in cmd
-    args = runner.parse_args(cmd[cmd.index("deepspeed.launcher.runner") + 1:])
-    assert (args.include, args.master_port, args.user_script) == ("localhost:1,3", 29500, "engine")
-    active = runner.parse_inclusion_exclusion({"localhost": 4}, args.include, args.exclude)
-    assert dict(active) == {"localhost": [1, 3]}
+    for visible, devices in ((None, [1, 3]), ("4,5,6,7", [5, 7])):
+        with pytest.MonkeyPatch.context() as env:
+            env.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+            if visible:
+                env.setenv("CUDA_VISIBLE_DEVICES", visible)
+            cmd = launcher_command(one, "run.json", 29500, None)
+            env.setattr(sys, "argv", cmd[cmd.index("deepspeed.launcher.launch"):])  # launch.py reads sys.argv
+            args = launch.parse_args()
+        assert (args.master_addr, args.master_port, args.node_rank) == ("127.0.0.1", 29500, 0)
+        assert (args.module, args.no_local_rank, args.training_script) == (True, True, "engine")
+        assert json.loads(base64.urlsafe_b64decode(args.world_info)) == {"localhost": devices}  # as launch.py reads it
     # num_nodes without a hostfile: a generated one, one line per node.
     cfg = _unvalidated(num_gpus=2, stages=2, num_nodes=2, no_ssh=True, master_addr="10.0.0.1")
     node = cluster.plan(cfg, node_rank=0)
