@@ -49,20 +49,11 @@ def encoders(comfy_root, tmp_path_factory):
     from PipeTrain.engine.launch.comfy_bootstrap import import_comfy
 
     import_comfy(comfy_root)
-    import comfy.sd
-    import comfy.taesd.taehv
+    from tiny_encoders import random_video_vae, tiny_image_encoders
 
-    from tools.tiny_assets import load_tiny_encoders, write_tiny_clip, write_tiny_vae
-
-    # ComfyUI's Wan 2.1 light video VAE (TAEHV) with small random weights, as in test_video_dataset.py
-    gen = torch.Generator().manual_seed(0)
-    sd = {k: (torch.randn(v.shape, generator=gen) * 0.02 if v.ndim >= 2 else torch.zeros_like(v))
-          for k, v in comfy.taesd.taehv.TAEHV(latent_channels=16).state_dict().items()}
     d = tmp_path_factory.mktemp("enc")
-    write_tiny_vae(str(d / "vae.safetensors"), seed=0)
-    write_tiny_clip(str(d / "clip.safetensors"), seed=0)
-    _, clip = load_tiny_encoders(str(d / "vae.safetensors"), str(d / "clip.safetensors"))
-    return comfy.sd.VAE(sd=sd), clip, tiny_clip_vision(d)
+    _, clip = tiny_image_encoders(d)
+    return random_video_vae(), clip, tiny_clip_vision(d)
 
 
 def _dataset(folder: Path):

@@ -61,13 +61,9 @@ def write_video(path, frames=6, size=(64, 32), rotation=None, codec="libx264"):
 
 @pytest.fixture(scope="module")
 def video_vae(encoders):  # noqa: F811 - the imported fixture, requested so ComfyUI is imported first
-    import comfy.sd
-    import comfy.taesd.taehv
+    from tiny_encoders import random_video_vae
 
-    gen = torch.Generator().manual_seed(0)  # small weights: the default init overflows (test_video_dataset.py)
-    sd = {k: (torch.randn(v.shape, generator=gen) * 0.02 if v.ndim >= 2 else torch.zeros_like(v))
-          for k, v in comfy.taesd.taehv.TAEHV(latent_channels=16).state_dict().items()}
-    return comfy.sd.VAE(sd=sd)
+    return random_video_vae()
 
 
 # ---- still images that simply work ---------------------------------------------------------

@@ -36,18 +36,10 @@ def encoders(comfy_root, tmp_path_factory):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     import_comfy(comfy_root)
-    import comfy.sd
-    import comfy.taesd.taehv
-    from tools.tiny_assets import load_tiny_encoders, write_tiny_clip, write_tiny_vae
+    from tiny_encoders import random_video_vae, tiny_image_encoders
 
-    gen = torch.Generator().manual_seed(0)
-    sd = {k: (torch.randn(v.shape, generator=gen) * 0.02 if v.ndim >= 2 else torch.zeros_like(v))
-          for k, v in comfy.taesd.taehv.TAEHV(latent_channels=16).state_dict().items()}
-    d = tmp_path_factory.mktemp("enc")
-    write_tiny_vae(str(d / "vae.safetensors"), seed=0)
-    write_tiny_clip(str(d / "clip.safetensors"), seed=0)
-    image_vae, clip = load_tiny_encoders(str(d / "vae.safetensors"), str(d / "clip.safetensors"))
-    yield comfy.sd.VAE(sd=sd), image_vae, clip
+    image_vae, clip = tiny_image_encoders(tmp_path_factory.mktemp("enc"))
+    yield random_video_vae(), image_vae, clip
     torch.set_num_threads(threads)
 
 
