@@ -3,13 +3,15 @@
 One JSON object per line, appended and flushed by rank 0 only. Kinds: started, step, sampling,
 sample, saved, checkpoint, warning, cancelled, done, error. The reader side (`EventTail`) is used
 by the node that tails a running engine; it only ever returns complete lines. `read_events` and
-`history` read a whole run back (the UI after a page reload, the run-dir reader nodes).
+`history` read a whole run back (the run-dir reader nodes), `iter_events` one event at a time (the
+UI's snapshot after a page reload).
 """
 from __future__ import annotations
 
 import json
 import os
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +59,24 @@ class EventTail:
                 except json.JSONDecodeError:
                     continue  # a line from a killed writer: skip it rather than fail the run
         return events
+
+
+def iter_events(run_dir: str | os.PathLike, start: int = 0) -> Iterator[dict[str, Any]]:
+    """The complete events of a run from byte offset `start`, one at a time (a long run's file is never
+    all in memory): a reloaded page's snapshot reads it this way."""
+    path = Path(run_dir) / EVENTS_FILE
+    if not path.exists():
+        return
+    with open(path, "rb") as f:
+        f.seek(start)
+        for raw in f:
+            if not raw.endswith(b"\n"):
+                return  # the line being written
+            if raw.strip():
+                try:
+                    yield json.loads(raw)
+                except json.JSONDecodeError:
+                    continue  # a line from a killed writer
 
 
 def read_events(run_dir: str | os.PathLike, start: int = 0) -> list[dict[str, Any]]:

@@ -95,8 +95,13 @@ def write_samples(run_dir: str | os.PathLike, step: int, latents: torch.Tensor, 
     path = sample_file(run_dir, step)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    save_file({"latent": latents.contiguous()}, str(tmp), metadata={"prompts": json.dumps(prompts), "step": str(step)})
-    os.replace(tmp, path)
+    try:
+        save_file({"latent": latents.contiguous()}, str(tmp), metadata={"prompts": json.dumps(prompts),
+                                                                      "step": str(step)})
+        os.replace(tmp, path)
+    except BaseException:  # e.g. a full disk, or SIGTERM's KeyboardInterrupt: no half-written file stays
+        tmp.unlink(missing_ok=True)
+        raise
     return path
 
 

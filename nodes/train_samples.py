@@ -85,8 +85,12 @@ class SampleDecoder:
             pil = Image.fromarray(array)
             name = f"step{step:06d}_p{i}.png"
             tmp = folder / f".{name}.tmp{os.getpid()}"
-            pil.save(tmp, format="PNG")
-            os.replace(tmp, folder / name)
+            try:
+                pil.save(tmp, format="PNG")
+                os.replace(tmp, folder / name)
+            except BaseException:  # e.g. a full disk: no half-written file stays behind
+                tmp.unlink(missing_ok=True)
+                raise
             refs.append(image_ref(folder / name))
             pils.append(pil)
             tb = self._writer()

@@ -8,6 +8,10 @@ export function emptyRun(run = "", total = 0) {
 }
 
 const FINISHED = new Set(["done", "cancelled", "failed"]);
+// What a run's state keeps, however long it trains (all samples stay in the run folder): the strip
+// shows the newest 8 images, the status line the newest warning. nodes/ui_feed.py keeps as many.
+export const KEEP_SAMPLES = 8;
+export const KEEP_WARNINGS = 16;
 
 /** Apply one engine event ({event, step, loss, lr, time, ...}) to a run state (returns the state). */
 export function applyEvent(state, ev) {
@@ -47,7 +51,9 @@ export function applyEvent(state, ev) {
       if (!FINISHED.has(state.status) && state.status !== "stopping") state.status = "training";
       break;
     case "warning":
-      if (ev.message && !state.warnings.includes(ev.message)) state.warnings.push(ev.message);
+      if (ev.message && !state.warnings.includes(ev.message)) {
+        state.warnings = state.warnings.concat([ev.message]).slice(-KEEP_WARNINGS);
+      }
       break;
     case "done":
     case "cancelled":
@@ -73,6 +79,7 @@ export function applyMessage(state, msg) {
   else if (msg.type === "samples") {
     state.samples = state.samples.filter((s) => s.step !== msg.step);
     state.samples.push({ step: msg.step, images: msg.images || [], prompts: msg.prompts || [] });
+    state.samples = state.samples.slice(-KEEP_SAMPLES);
   } else if (msg.type === "status") {
     state.status = msg.status;
     if (msg.reason) state.reason = msg.reason;

@@ -93,19 +93,37 @@ class SampleRenderer:
             with torch.no_grad(), placement:
                 for positive in self.positives:
                     if should_stop():
-                        return None
+                        raise _Stopped()
                     latent = self.empty_latent()
                     noise = comfy.sample.prepare_noise(latent, self.spec.seed)
                     out = comfy.sample.sample(patcher, noise, self.spec.steps, self.spec.cfg, self.spec.sampler,
                                               self.spec.scheduler, positive, self.negative, latent,
-                                              disable_pbar=True, seed=self.spec.seed)
+                                              callback=_stop_between_steps(should_stop), disable_pbar=True,
+                                              seed=self.spec.seed)
                     latents.append(out.float().cpu())
+        except _Stopped:
+            # Cancel during a render: stop within one sampler step, before the node's grace runs out and
+            # the process group is killed without a checkpoint. Nothing of this render is written.
+            return None
         finally:
             self.model.train(was_training)
         path = write_samples(self.cfg.run_dir, step, torch.cat(latents), self.texts)
         self.events.emit("sample", step=step, path=str(path), prompts=self.texts,
                          seconds=round(time.time() - started, 3))
         return path
+
+
+class _Stopped(Exception):
+    """The run was asked to stop while a sample rendered (raised from the sampler's step callback)."""
+
+
+def _stop_between_steps(should_stop: Callable[[], bool]):
+    """A ComfyUI sampler callback (called after every sampler step) that ends the render once the run
+    should stop: one step of a big video model takes seconds, a whole sample minutes."""
+    def callback(step, denoised, x, total_steps):
+        if should_stop():
+            raise _Stopped()
+    return callback
 
 
 def _training_patcher(model: torch.nn.Module, device: torch.device):

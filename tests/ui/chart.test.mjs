@@ -54,6 +54,17 @@ test("messages: reset starts over, samples replace the same step, status overrid
   assert.equal(st.steps.length, 1);
 });
 
+test("a long run's state keeps the newest 8 samples and 16 warnings, however many arrive", () => {
+  let st = applyMessage(null, { type: "reset", run: "a", total: 1000 });
+  for (let s = 5; s <= 1000; s += 5) {
+    st = applyMessage(st, { type: "samples", run: "a", step: s, images: [{ filename: `step${s}_p0.png` }], prompts: ["p"] });
+    st = applyMessage(st, { type: "event", run: "a", event: { event: "warning", message: `could not decode step ${s}` } });
+  }
+  assert.deepEqual(st.samples.map((x) => x.step), [965, 970, 975, 980, 985, 990, 995, 1000]);
+  assert.equal(st.warnings.length, 16);
+  assert.equal(st.warnings[15], "could not decode step 1000");
+});
+
 test("a snapshot (page reload) rebuilds the same state as the live messages", () => {
   const events = [{ event: "started", step: 0, total: 10 }, step(1, 1, 10), step(2, 0.9, 11), { event: "sampling", step: 2 },
     { event: "sample", step: 2, path: "p" }];
