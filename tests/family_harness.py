@@ -41,6 +41,10 @@ MODE_KWARGS = {
     "krea2_edit_t0": {"ref_latents", "ref_latents_method"},
     "anima": {"t5xxl_ids", "t5xxl_weights"},  # outside inference mode the LLM adapter runs in the model
     "flux2_klein_edit": {"ref_latents"},
+    "ideogram4_padded": {"attention_mask"},  # a mask of all ones is dropped by Ideogram4.extra_conds
+    # the packed video + audio latent's shapes (BaseModel._apply_model unpacks by them) and H3's own dict
+    "minimax_h3_t2i": {"latent_shapes", "minimax_payload"},
+    "minimax_h3_t2v": {"latent_shapes", "minimax_payload"},
 }
 
 
@@ -59,7 +63,9 @@ BLOCK_ROOTS = {
     "WAN21_T2V": ["blocks"], "WAN21_I2V": ["blocks"], "WAN22_T2V": ["blocks"],
     # ComfyUI 0.33+: Krea 2's text-fusion blocks and Anima's LLM-adapter blocks sit one level down
     # (txtfusion.*, llm_adapter.blocks): prefix, not blocks.
-    "Krea2": ["blocks"], "Anima": ["blocks"], "ErnieImage": ["layers"],
+    "Krea2": ["blocks"], "Anima": ["blocks"], "ErnieImage": ["layers"], "Ideogram4": ["layers"],
+    # MiniMax H3's token refiner (token_refiner.blocks) runs in extra_conds, before the model: prefix too.
+    "MiniMaxH3": ["blocks"],
 }
 
 

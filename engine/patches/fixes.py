@@ -17,7 +17,7 @@ from typing import Callable
 from .host import in_range
 
 # Modules holding fixes; each defines FIXES (a tuple of Fix).
-_FIX_MODULES = ("flux", "ltxv", "kitchen")
+_FIX_MODULES = ("flux", "ltxv", "kitchen", "minimax")
 
 # "<module>.<qualname>" -> (owner class or module, attribute name, upstream object)
 _originals: dict[str, tuple[object, str, object]] = {}

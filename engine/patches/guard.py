@@ -49,8 +49,8 @@ def guard_blocks(diffusion_model: nn.Module) -> int:
                     f"block {index} ({type(module).__module__}.{type(module).__qualname__}) updated an input tensor "
                     f"{shape} in place. LoRA training needs an out-of-place forward for it (its backward fails, "
                     "and with activation checkpointing gradients can be silently wrong). PipeTrain has such "
-                    "forwards for the Flux-style, Hunyuan and LTXV blocks (engine/patches/); this block needs one "
-                    "added there, or use a ComfyUI release PipeTrain supports for this model "
+                    "forwards for the Flux-style, Hunyuan, LTXV and MiniMax H3 blocks (engine/patches/); this "
+                    "block needs one added there, or use a ComfyUI release PipeTrain supports for this model "
                     "(docs/comfyui-versions.md).")
 
         state["handles"] = (block.register_forward_pre_hook(before, with_kwargs=True),

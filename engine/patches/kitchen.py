@@ -3,7 +3,8 @@
 ComfyUI 0.33 calls fused kernels of the comfy-kitchen package (RoPE, RMSNorm + RoPE, adaLN) that
 are torch custom ops with no autograd formula. Most call sites switch to plain torch code while
 `comfy.model_management.in_training` is set; some do not (0.33.0: Cosmos Predict2's attention calls
-`rms_rope_split_half`, Ernie-Image's `apply_rope_split_half`), so LoRA backward fails there with
+`rms_rope_split_half`, Ernie-Image's `apply_rope_split_half`; MiniMax H3's calls `rms_rope_split_half`
+exactly when the flag is set, its in-place variant otherwise), so LoRA backward fails there with
 "no autograd formula was registered".
 
 This fix registers, for each such op that comfy-kitchen's eager backend also implements in plain

@@ -61,8 +61,12 @@ def inject_lora(diffusion_model: nn.Module, spec: LoraSpec) -> list[str]:
 
     targets = select_lora_targets(diffusion_model, spec)
     diffusion_model.requires_grad_(False)
+    # A list would also match every module whose path merely ends with a target's (peft's suffix rule:
+    # MiniMax H3's `token_refiner.blocks.0.attn.qkv_proj` for `blocks.0.attn.qkv_proj`); a pattern
+    # peft full-matches names exactly these paths.
+    exact = "|".join(re.escape(t) for t in targets)
     config = LoraConfig(r=spec.rank, lora_alpha=spec.effective_alpha, lora_dropout=spec.dropout,
-                        target_modules=targets, init_lora_weights=True)
+                        target_modules=f"(?:{exact})", init_lora_weights=True)
     inject_adapter_in_model(config, diffusion_model, adapter_name=ADAPTER)
     dtype = torch.bfloat16 if spec.dtype == "bfloat16" else torch.float32
     for name, param in diffusion_model.named_parameters():

@@ -6,14 +6,19 @@ what the host lacks ("ComfyUI 0.3.75 has no comfy.supported_models.Krea2").
 Modes: Krea 2 t2i and edit (reference latents with the "index" and "index_timestep_zero" reference
 methods); Anima t2i with the T5 token ids and weights its text encoder adds (outside inference mode
 ComfyUI runs the LLM adapter inside the model, so the cache must hand them over; checked through a
-real cache below); Flux 2 Klein t2i and edit (two reference latents); Ernie-Image t2i.
+real cache below); Flux 2 Klein t2i and edit (two reference latents); Ernie-Image t2i; Ideogram 4 t2i,
+unpadded (ComfyUI drops the all-ones text mask) and padded (the mask reaches the model); MiniMax H3 t2i
+and t2v (one and two latent frames), with an audio stream of no frames, the latent packed as ComfyUI's
+sampler packs its video + audio pair (docs/supported-models.md says what audio + video still needs).
 
-Detection (comfy.model_detection, 0.33.0): for Krea 2, Anima and Flux 2 Klein it reads every width
-from a tiny state dict, and the tiny configs are exactly what it detects (the tiny files load through
-comfy.sd.load_diffusion_model as those classes, same weights). Ernie-Image's detection returns only
+Detection (comfy.model_detection, 0.33.0): for Krea 2, Anima, Flux 2 Klein and MiniMax H3 it reads
+every width from a tiny state dict, and the tiny configs are exactly what it detects (the tiny files load
+through comfy.sd.load_diffusion_model as those classes, same weights). Ernie-Image's detection returns only
 {"image_model": "ernie"}, so a file always builds the class defaults (hidden 4096, 36 layers): its
-tiny config goes through comfy.supported_models.ErnieImage instead. Every training test builds its
-model through comfy.supported_models.<Class>(config).get_model({}), as tests/with_comfy/test_families.py does.
+tiny config goes through comfy.supported_models.ErnieImage instead. Ideogram 4's returns the input width
+and the depth only, and its class pins the other widths: the tiny ones go in after its constructor
+(Family.make). Every training test builds its model through comfy.supported_models.<Class>(config)
+.get_model({}), as tests/with_comfy/test_families.py does.
 """
 from __future__ import annotations
 
@@ -84,9 +89,10 @@ def _denoised(model, family):
 
 @pytest.mark.parametrize("family", f33.FAMILIES, ids=[f.name for f in f33.FAMILIES])
 def test_the_forwards_the_probe_picks_give_upstreams_output(comfy, family):
-    """Whatever the probe installs (0.33.0: nothing for Krea 2, the comfy-kitchen backward for Anima's
-    Cosmos blocks and Ernie-Image's rope, flux-layers 0.33 for Klein), the model's output is
-    ComfyUI's own training-mode output, bit for bit."""
+    """Whatever the probe installs (0.33.0: nothing for Krea 2 and Ideogram 4, the comfy-kitchen backward
+    for Anima's Cosmos blocks and Ernie-Image's rope, flux-layers 0.33 for Klein, minimax-mod 0.33 with
+    the comfy-kitchen backward for MiniMax H3), the model's output is ComfyUI's own training-mode
+    output, bit for bit."""
     from PipeTrain.engine import patches
     from trainable import make_trainable
 
@@ -98,14 +104,15 @@ def test_the_forwards_the_probe_picks_give_upstreams_output(comfy, family):
     assert torch.equal(_denoised(model, family), upstream), chosen
 
 
-_ONE_PER_CLASS = [f for f in f33.FAMILIES if f.name in ("krea2", "anima", "flux2_klein", "ernie_image")]
+_ONE_PER_CLASS = [f for f in f33.FAMILIES
+                  if f.name in ("krea2", "anima", "flux2_klein", "ernie_image", "ideogram4", "minimax_h3_t2i")]
 
 
 @pytest.mark.parametrize("family", _ONE_PER_CLASS, ids=[f.name for f in _ONE_PER_CLASS])
 def test_detection_of_the_tiny_state_dict(comfy, family, tmp_path):
-    """Krea 2, Anima, Flux 2 Klein: detected as the class with exactly the tiny config, and the saved
-    file loads through ComfyUI's loader with the same weights. Ernie-Image: detected as its class, but
-    with no width read from the tensors (detection pins the released model's)."""
+    """Krea 2, Anima, Flux 2 Klein, MiniMax H3: detected as the class with exactly the tiny config, and the saved
+    file loads through ComfyUI's loader with the same weights. Ernie-Image, Ideogram 4: detected as their
+    class, reading no width (Ernie) or only the input width and depth (Ideogram 4) from the tensors."""
     import comfy.model_detection
     import comfy.sd
     from safetensors.torch import save_file
@@ -114,8 +121,8 @@ def test_detection_of_the_tiny_state_dict(comfy, family, tmp_path):
     state = fc.build(family).diffusion_model.state_dict()
     detected = comfy.model_detection.detect_unet_config(state, "")
     assert type(comfy.model_detection.model_config_from_unet(state, "")).__name__ == family.supported
-    if family.supported not in f33.DETECTED:
-        assert detected == {"image_model": family.config["image_model"]}, detected
+    if family.supported in f33.PARTLY_DETECTED:
+        assert detected == {k: family.config[k] for k in f33.PARTLY_DETECTED[family.supported]}, detected
         return
     assert detected == family.config
     path = tmp_path / "model.safetensors"
@@ -190,3 +197,46 @@ def test_anima_t5_ids_and_weights_reach_the_model_through_the_cache(comfy, tmp_p
         for key, value in want.items():
             got = prepared.kwargs[key]
             assert got.dtype == value.dtype and torch.equal(got, value), key
+
+
+def test_minimax_h3_text_refiner_runs_in_extra_conds_frozen(comfy):
+    """MiniMax H3's model_base runs condition_proj + the token refiner inside extra_conds, so the
+    objective's prepare() (which calls extra_conds, in grad mode during a step) refines the cached text
+    every step. They are outside the block lists, so no LoRA preset reaches them and they stay frozen:
+    the refined text carries no autograd graph, and it is what the model's own preprocessing gives."""
+    from PipeTrain.engine.config.sections import LoraSpec
+    from PipeTrain.engine.train.lora import inject_lora
+    from PipeTrain.engine.train.objective import DiffusionObjective
+    from trainable import make_trainable
+
+    family = _family("minimax_h3_t2i")
+    _require(family)
+    model = fc.build(family)
+    dm = model.diffusion_model
+    latents, conds = fc.batch(family)
+    make_trainable(model, latents, conds)
+    targets = inject_lora(dm, LoraSpec(rank=4, targets="all_linear"))
+    assert targets and not [t for t in targets if t.startswith(("token_refiner.", "condition_proj"))]
+    assert not any(p.requires_grad for n, p in dm.named_parameters() if n.startswith(("token_refiner.", "condition_proj")))
+    with torch.enable_grad():
+        context = DiffusionObjective(model, seed=0).prepare(latents, conds, [0]).kwargs["c_crossattn"]
+    assert context.shape == (1, fc.T, family.config["hidden_size"]) and not context.requires_grad
+    with torch.no_grad():
+        assert torch.equal(context, dm.preprocess_text_embeds(conds[0]["cross_attn"][None]))
+
+
+@pytest.mark.parametrize("family", _ONE_PER_CLASS, ids=[f.name for f in _ONE_PER_CLASS])
+def test_lora_lands_on_the_block_targets_only(comfy, family):
+    """engine.train.lora.inject_lora puts adapters on exactly select_lora_targets' paths, not on the
+    prefix modules whose paths end the same way (MiniMax H3's token_refiner.blocks, Anima's
+    llm_adapter.blocks: peft's list matching would take them by suffix)."""
+    from PipeTrain.engine.config.sections import LoraSpec
+    from PipeTrain.engine.train.lora import inject_lora
+
+    _require(family)
+    dm = fc.build(family).diffusion_model
+    for targets in ("attention", "all_linear"):
+        chosen = inject_lora(dm, LoraSpec(rank=4, targets=targets))
+        wrapped = {n.rsplit(".lora_A", 1)[0] for n, _ in dm.named_modules() if n.endswith(".lora_A")}
+        assert wrapped == set(chosen), sorted(wrapped ^ set(chosen))[:4]
+        dm = fc.build(family).diffusion_model
