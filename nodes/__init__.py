@@ -4,6 +4,7 @@ from .cluster import PipeTrainCluster
 from .configure_lora import PipeTrainConfigureLoRA
 from .load_dataset import PipeTrainLoadDataset
 from .memory_options import PipeTrainMemoryOptions
+from .objective_options import PipeTrainObjectiveOptions
 from .run_plots import PipeTrainLossPlot, PipeTrainSampleGrid
 from .save_lora import PipeTrainSaveLoRA
 from .train_pipeline import PipeTrainTrainPipeline
@@ -13,6 +14,7 @@ NODE_CLASS_MAPPINGS = {
     "PipeTrainCacheLatents": PipeTrainCacheLatents,
     "PipeTrainConfigureLoRA": PipeTrainConfigureLoRA,
     "PipeTrainMemoryOptions": PipeTrainMemoryOptions,
+    "PipeTrainObjectiveOptions": PipeTrainObjectiveOptions,
     "PipeTrainTrainPipeline": PipeTrainTrainPipeline,
     "PipeTrainCluster": PipeTrainCluster,
     "PipeTrainSaveLoRA": PipeTrainSaveLoRA,
@@ -25,6 +27,7 @@ NODE_DISPLAY_NAME_MAPPINGS = {
     "PipeTrainCacheLatents": "PipeTrain Cache Latents",
     "PipeTrainConfigureLoRA": "PipeTrain Configure LoRA",
     "PipeTrainMemoryOptions": "PipeTrain Memory Options",
+    "PipeTrainObjectiveOptions": "PipeTrain Objective Options",
     "PipeTrainTrainPipeline": "PipeTrain Train Pipeline",
     "PipeTrainCluster": "PipeTrain Cluster (multi-node)",
     "PipeTrainSaveLoRA": "PipeTrain Save LoRA",

@@ -41,6 +41,7 @@ class Detected:
     widths: dict = field(default_factory=dict)
     latent_format: object = field(default=None, compare=False)  # ComfyUI's LatentFormat instance
     in_channels: int = 0  # the model's input channels as detection read them (latents + concat); 0 = not known
+    guidance_input: bool = False  # embeds a guidance value (guidance-distilled: detection's guidance_embed)
 
 
 class NotADiffusionModel(Exception):
@@ -99,7 +100,8 @@ def detect(path: str) -> Detected | None:
         return Detected(type(config).__name__, int(fmt.latent_channels), int(getattr(fmt, "spacial_downscale_ratio", 8)),
                         _context_width(unet_config), _no_shift(unet_config), widths,
                         fmt() if isinstance(fmt, type) else fmt,
-                        int(unet_config.get("in_dim") or unet_config.get("in_channels") or 0))
+                        int(unet_config.get("in_dim") or unet_config.get("in_channels") or 0),
+                        bool(unet_config.get("guidance_embed", False)))
     except NotADiffusionModel:
         raise
     except Exception as e:  # noqa: BLE001 - a header this check cannot read is the engine's to judge
@@ -163,9 +165,11 @@ def _cache_text_width(cache_dir: str) -> int:
         return 0
 
 
-def check_model(model_name: str, model_path: str, lora, caches: dict, timestep_shift: float = 0.0) -> Detected | None:
+def check_model(model_name: str, model_path: str, lora, caches: dict, timestep_shift: float = 0.0,
+                objective=None) -> Detected | None:
     """ConfigError when ComfyUI cannot train the file as a diffusion model, when a cache's latents do
-    not fit the model (caches: input name -> PIPETRAIN_CACHE), or when the LoRA settings cannot fit it."""
+    not fit the model (caches: input name -> PIPETRAIN_CACHE), or when the LoRA or objective settings
+    cannot fit it."""
     try:
         found = detect(model_path)
     except NotADiffusionModel as e:
@@ -208,8 +212,27 @@ def check_model(model_name: str, model_path: str, lora, caches: dict, timestep_s
         raise ConfigError(f"timestep_shift is {timestep_shift:g} but model_name {model_name!r} is a {found.family} "
                           "model (eps/v prediction): its noise schedule has no shift, only flow models (SD3, Flux, "
                           "Wan, ...) have one. Set timestep_shift to 0.")
+    if objective is not None:
+        _check_objective(found, objective, model_name)
     _check_lora(found, lora, model_name)
     return found
+
+
+def _check_objective(found: Detected, objective, model_name: str) -> None:
+    """What the header tells of engine/train/objective_checks.py's rules (the engine checks them all again
+    on the loaded model, e.g. which flow schedules are Flux-style)."""
+    if objective.guidance not in (0.0, 1.0) and not found.guidance_input:
+        raise ConfigError(f"objective guidance is {objective.guidance:g} but model_name {model_name!r} is a "
+                          f"{found.family} model without a guidance input (not guidance-distilled), so it would do "
+                          "nothing: set guidance to 1 in Objective Options.")
+    if objective.snr_weighting and not found.no_shift:
+        raise ConfigError(f"min_snr_gamma / debiased_estimation weight the loss of eps/v-prediction models (SD1.x, "
+                          f"SD2, SDXL), but model_name {model_name!r} is a {found.family} model (not an SD-style "
+                          "UNet): set min_snr_gamma to 0 and debiased_estimation off in Objective Options.")
+    if objective.resolution_shift and found.no_shift:
+        raise ConfigError(f"resolution_shift needs a Flux-style schedule (Flux, Flux 2, Chroma, Qwen-Image), but "
+                          f"model_name {model_name!r} is a {found.family} model (eps/v prediction, no shift): turn "
+                          "resolution_shift off in Objective Options.")
 
 
 def _check_lora(found: Detected, lora, model_name: str) -> None:

@@ -5,6 +5,7 @@ continues an existing folder that holds a checkpoint.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from dataclasses import asdict, dataclass
@@ -12,6 +13,7 @@ from pathlib import Path
 
 from ..engine.config import revisions
 from ..engine.config.checks import MAX_NAME_CHARS, ConfigError, check_run_name
+from ..engine.config.objective import ObjectiveSpec
 from ..engine.config.run import RunConfig
 
 RESUME_OFF = "off"
@@ -90,9 +92,14 @@ def checkpoint_step(run_dir: str | Path) -> int | None:
     return int(found.group(1)) if found else None
 
 
-def check_resume(run_dir: Path, cfg: RunConfig) -> None:
+def check_resume(run_dir: Path, cfg: RunConfig, keep_objective: bool = True) -> RunConfig:
     """Before a resumed run's run.json is replaced: refuse what the checkpoint cannot continue, and a change
-    of settings that would make it differ from an uninterrupted run (engine/config/revisions.py)."""
+    of settings that would make it differ from an uninterrupted run (engine/config/revisions.py). Returns
+    the config to run: with the run's own objective settings unless keep_objective is off (the node's
+    Objective Options input connected: cfg's are the user's)."""
+    if keep_objective:
+        cfg = dataclasses.replace(cfg, objective=resumed_objective(run_dir))
+        cfg.validate()
     done = checkpoint_step(run_dir)
     steps = cfg.train.steps
     if done is not None and 0 < steps <= done:
@@ -103,7 +110,7 @@ def check_resume(run_dir: Path, cfg: RunConfig) -> None:
         old = json.loads((run_dir / "run.json").read_text(encoding="utf-8"))
         old_model, old_lora = Path(old["model_path"]).name, old["lora"]
     except (OSError, ValueError, KeyError, TypeError):
-        return  # the engine compares the checkpoint's own record of model and LoRA
+        return cfg  # the engine compares the checkpoint's own record of model and LoRA
     changed = [f"model {old_model} -> {Path(cfg.model_path).name}"] if old_model != Path(cfg.model_path).name else []
     for key in ("rank", "targets", "target_regex"):
         if old_lora.get(key) != getattr(cfg.lora, key):
@@ -113,6 +120,21 @@ def check_resume(run_dir: Path, cfg: RunConfig) -> None:
                           "its checkpoint only continues with the same model and LoRA layout. Restore them, or set "
                           "resume to 'off' for a new run.")
     revisions.check_resume(run_dir, cfg.to_dict(), before=old)  # runs of older versions kept no history
+    return cfg
+
+
+def resumed_objective(run_dir: Path) -> ObjectiveSpec:
+    """The objective settings a run was trained with (a run from before them: guidance 0, its old behaviour)."""
+    try:
+        before = json.loads((run_dir / "run.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        before = None
+    values = revisions.trained_section(run_dir, "objective", before=before if isinstance(before, dict) else None)
+    try:
+        return ObjectiveSpec(**values)
+    except TypeError as e:
+        raise ConfigError(f"resume: run {run_dir.name!r} has objective settings this PipeTrain does not know "
+                          f"({e}): connect a PipeTrain Objective Options node to set them.") from None
 
 
 def summary_text(result: RunResult) -> str:

@@ -17,6 +17,7 @@ from ..engine.config.checks import ConfigError
 from ..engine.config.choices import BACKENDS, SCHEDULERS, TIMESTEP_SAMPLING
 from ..engine.config.eval import EvalSpec
 from ..engine.config.launch import LaunchSpec
+from ..engine.config.objective import ObjectiveSpec
 from ..engine.config.run import RunConfig
 from ..engine.config.sections import TrainSpec
 from ..engine.events import EventTail
@@ -37,7 +38,7 @@ from .runs import (
 )
 from .save_lora import check_save_names
 from .train_samples import SampleDecoder, parse_prompts, sample_spec, write_prompt_file
-from .types import CACHE, LORA, MEMORY, RUN
+from .types import CACHE, LORA, MEMORY, OBJECTIVE, RUN
 
 CANCEL_GRACE_S = 7.0  # the engine checkpoints and exits within this; then the group is killed
 POLL_S = 0.25
@@ -113,8 +114,12 @@ class PipeTrainTrainPipeline:
                                       "How noise levels are drawn: uniform, or logit-normal (favours the middle; "
                                       "common for flow models such as SD3/Flux)."}),
                 "timestep_shift": ("FLOAT", {"default": 0.0, "min": 0.0, "max": 100.0, "step": 0.1, "tooltip":
-                                   "Flow models only: shift the noise levels trained on (higher = noisier, e.g. 3 "
-                                   "for SD3, 8 is Wan's own). 0 = the model's own shift, as ComfyUI samples."}),
+                                   "Flow models only: shift the noise levels trained on (higher = noisier). SD3, "
+                                   "AuraFlow, Wan, HunyuanVideo: sigma = shift*t / (1 + (shift-1)*t) (3 is SD3's "
+                                   "own, 8 Wan's). Flux-style schedules (Flux, Flux 2, Chroma, Qwen-Image): the "
+                                   "exponent mu of sigma = e^mu / (e^mu + 1/t - 1), so there 3 is far noisier "
+                                   "(median sigma 0.953, SD3's 3 gives 0.75); Flux's own is 1.15, Flux 2's 2.02. "
+                                   "0 = the model's own shift, as ComfyUI samples."}),
                 "backend": (["auto", *BACKENDS], {"default": "auto", "tooltip":
                             "auto = DeepSpeed when it is installed, else one plain PyTorch process (1 GPU; e.g. "
                             "Windows). plain works without DeepSpeed but only on one GPU."}),
@@ -127,6 +132,11 @@ class PipeTrainTrainPipeline:
                                    "from an uninterrupted one (learning rate, LoRA alpha or dropout, dataset ...). "
                                    "Off = such a resume is refused with the list of changes. Every start's settings "
                                    "are kept in the run folder (config_history/)."}),
+                "objective": (OBJECTIVE, {"tooltip":
+                              "Objective settings from PipeTrain Objective Options: guidance for guidance-distilled "
+                              "models, Flux's resolution-dependent shift, the loss (mse/huber/smooth_l1), min-SNR "
+                              "and debiased weighting. Unconnected = their defaults (guidance 1, mse); a resumed run "
+                              "keeps the ones it was trained with."}),
             },
             "hidden": {"unique_id": "UNIQUE_ID", "prompt": "PROMPT"},  # prompt: check_save_names
         }
@@ -137,7 +147,7 @@ class PipeTrainTrainPipeline:
               cluster=None, sample_prompts="", sample_negative="", sample_every=100, sample_width=512, sample_height=512,
               sample_steps=20, sample_cfg=1.0, sample_seed=0, sample_sampler="euler", sample_scheduler="simple",
               eval_cache=None, eval_every=100, eval_before_start=True, min_t=0.0, max_t=1.0, accept_changes=False,
-              unique_id=None,
+              objective=None, unique_id=None,
               prompt=None):
         model_path = compat.full_path("diffusion_models", model_name) or compat.full_path("checkpoints", model_name)
         if not model_path:
@@ -154,13 +164,14 @@ class PipeTrainTrainPipeline:
         cfg = RunConfig(run_name=run_name.strip(), run_dir="", comfyui_root=compat.comfyui_root(),
                         model_path=model_path, cache_dir=cache.cache_dir, lora=lora, memory=memory, train=train,
                         launch=launch, eval=eval_spec(eval_cache, cache, eval_every, eval_before_start),
-                        resume=resume != RESUME_OFF, accept_changes=bool(accept_changes))
+                        objective=objective or ObjectiveSpec(), resume=resume != RESUME_OFF,
+                        accept_changes=bool(accept_changes))
         cfg.validate()  # every setting and rule, once (reads no file); each rank validates run.json again
         cfg.check_files()  # before any folder is made; the samples' prompts file is written below
         cuda = check_devices(launch)
         check_batch(batch_size, cache)
         found = check_model(model_name, model_path, lora, {"cache": cache, "eval_cache": eval_cache},
-                            train.timestep_shift)
+                            train.timestep_shift, cfg.objective)
         prompts = parse_prompts(sample_prompts)
         notice = unsupported_reason(memory.pipeline_stages) if prompts else ""
         samples = None if notice else sample_spec(prompts, clip, vae, sample_every, sample_width, sample_height,
@@ -173,8 +184,9 @@ class PipeTrainTrainPipeline:
         output = compat.output_directory()
         run_dir = new_run_dir(output, cfg.run_name) if resume == RESUME_OFF else resume_run_dir(output, resume)
         with run_lock.claimed(run_dir):  # a folder a live run trains in is refused before run.json is touched
-            if resume != RESUME_OFF:
-                check_resume(run_dir, cfg)
+            if resume != RESUME_OFF:  # unconnected objective: the run goes on with the one it was trained with
+                cfg = check_resume(run_dir, cfg, keep_objective=objective is None)
+                check_model(model_name, model_path, lora, {}, train.timestep_shift, cfg.objective)
             cfg = dataclasses.replace(cfg, run_name=run_dir.name, run_dir=str(run_dir))
             if samples is not None:  # encoded with the graph's CLIP now; the engine never loads a text encoder
                 samples = dataclasses.replace(samples, prompts_file=write_prompt_file(str(run_dir), prompts,

@@ -7,5 +7,6 @@ DATASET = "PIPETRAIN_DATASET"  # engine.data.scan.DatasetSpec
 CACHE = "PIPETRAIN_CACHE"  # engine.cache.format.CacheSpec
 LORA = "PIPETRAIN_LORA"
 MEMORY = "PIPETRAIN_MEMORY"
+OBJECTIVE = "PIPETRAIN_OBJECTIVE"  # engine.config.objective.ObjectiveSpec
 RUN = "PIPETRAIN_RUN"
 CLUSTER = "PIPETRAIN_CLUSTER"  # engine.config.run.ClusterSpec

@@ -37,6 +37,7 @@ OPTIMIZER_LR_RANGES = {
 }
 SCHEDULERS = ("constant", "linear", "cosine")
 TIMESTEP_SAMPLING = ("uniform", "logit_normal")
+LOSSES = ("mse", "huber", "smooth_l1")  # the loss on the native-target error (engine/train/losses.py)
 BACKENDS = ("deepspeed", "plain")  # plain = one PyTorch process, no DeepSpeed (engine/train/plain.py)
 RUN_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
 HOST_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:%-]{0,252}$")  # a host name, IPv4 or IPv6 address

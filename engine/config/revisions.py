@@ -29,6 +29,13 @@ SAME_RESULT = (
     "memory.compile_blocks", "memory.expandable_segments",
     "sample.", "eval.every", "eval.before_start", "launch.",
 )
+# Settings added after runs existed whose old behaviour is not their default, with the value that gives
+# that old behaviour: a run from before them trained as if set so. objective.guidance 0 = each item's cached
+# guidance, else ComfyUI's default (3.5 for Flux), as PipeTrain trained guidance-distilled models before.
+BEFORE_THEY_EXISTED = {"objective.guidance": 0.0}
+# Sections a resume keeps from the run where the new config leaves a setting out (run.json without the key;
+# TrainPipeline without an Objective Options node): a resumed run goes on training what it trained.
+KEPT_ON_RESUME = ("objective",)
 # Paths whose file name is the identity (the folders around it are node-local): the model file, and a
 # cache folder named by its dataset fingerprint.
 BY_NAME = ("model_path", "cache_dir", "eval.cache_dir", "lora.init_from")
@@ -48,8 +55,9 @@ def flat(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 def result_changes(before: dict[str, Any], after: dict[str, Any]) -> list[tuple[str, Any, Any]]:
     """(setting, before, after) for each setting that differs and changes what the run computes. A setting
-    only one side has (added in a later PipeTrain) ran at its default then, and is not compared."""
-    a, b = flat(before), flat(after)
+    only one side has (added in a later PipeTrain) ran at its default then, and is not compared, unless
+    its old behaviour has a value of its own (BEFORE_THEY_EXISTED)."""
+    a, b = {**BEFORE_THEY_EXISTED, **flat(before)}, flat(after)
     changed = []
     for name in sorted(set(a) & set(b)):
         if a.get(name) == b.get(name) or any(name == s or (s.endswith(".") and name.startswith(s))
@@ -93,6 +101,33 @@ def check_resume(run_dir: str | os.PathLike, config: dict[str, Any],
                           "accept_changes (TrainPipeline's input, or \"accept_changes\": true in run.json) to "
                           "continue with them.")
     return changed
+
+
+def trained_section(run_dir: str | os.PathLike, section: str, before: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The `section` settings the run trained with at its last start (its newest revision, else `before`:
+    the run.json of a run from a PipeTrain that kept no history); a setting that config lacks has the value
+    of its old behaviour (BEFORE_THEY_EXISTED) or is left out (its default is that behaviour)."""
+    last = last_revision(run_dir)
+    previous = last["config"] if last is not None else (before or {})
+    old = {name.partition(".")[2]: value for name, value in BEFORE_THEY_EXISTED.items()
+           if name.startswith(section + ".")}
+    given = previous.get(section)
+    return {**old, **(given if isinstance(given, dict) else {})}
+
+
+def keep_run_settings(data: dict[str, Any]) -> dict[str, Any]:
+    """A resumed run.json (`data`, with a checkpoint to resume from) with every KEPT_ON_RESUME setting it
+    leaves out taken from what the run trained with; any other run.json as it is."""
+    run_dir = data.get("run_dir")
+    resumed = data.get("resume") and isinstance(run_dir, str)
+    if not resumed or not (Path(run_dir) / "checkpoints" / "latest").exists():
+        return data
+    out = dict(data)
+    for section in KEPT_ON_RESUME:
+        given = data.get(section)
+        if given is None or isinstance(given, dict):
+            out[section] = {**trained_section(run_dir, section, before=data), **(given or {})}
+    return out
 
 
 def record(run_dir: str | os.PathLike, config: dict[str, Any], step: int) -> Path:

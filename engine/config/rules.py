@@ -13,6 +13,7 @@ from .choices import OPTIMIZER_LR_RANGES
 
 if TYPE_CHECKING:  # annotations only (no import at run time)
     from .launch import LaunchSpec
+    from .objective import ObjectiveSpec
     from .sections import MemorySpec, TrainSpec
 
 
@@ -28,6 +29,18 @@ def check_optimizer_settings(memory: "MemorySpec", train: "TrainSpec") -> None:
           "memory.optimizer 'prodigy' estimates one step size from all LoRA weights, but with pipeline_stages "
           f"{memory.pipeline_stages} each stage holds only part of them: set pipeline_stages to 1 or choose "
           "another optimizer.")
+
+
+def check_objective_settings(objective: "ObjectiveSpec", train: "TrainSpec") -> None:
+    """sigmoid_scale shapes logit-normal draws only; the resolution shift computes the shift itself."""
+    check(objective.sigmoid_scale == 1.0 or train.timestep_sampling == "logit_normal",
+          f"objective.sigmoid_scale is {objective.sigmoid_scale:g} but train.timestep_sampling is "
+          f"{train.timestep_sampling!r}, which it does not shape: set timestep_sampling to 'logit_normal', or "
+          "sigmoid_scale back to 1.")
+    check(not objective.resolution_shift or train.timestep_shift == 0,
+          f"objective.resolution_shift computes the shift (mu) of each image from its size, but "
+          f"train.timestep_shift is {train.timestep_shift:g}: set timestep_shift to 0, or turn resolution_shift "
+          "off to train at that one shift.")
 
 
 def check_pipeline_backend(memory: "MemorySpec", launch: "LaunchSpec") -> None:

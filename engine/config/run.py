@@ -9,7 +9,8 @@ message that names the setting and says what to change. Everything here is plain
 The sections live in files named for them (engine/config/sections.py: lora, memory, train, sample;
 engine/config/launch.py: launch and its cluster; engine/config/eval.py: eval), the allowed values in
 engine/config/choices.py, the shared checks in engine/config/checks.py and the rules across
-sections in engine/config/rules.py. Each name is imported from the file that defines it.
+sections in engine/config/rules.py; the loss's settings in engine/config/objective.py. Each name is
+imported from the file that defines it.
 """
 from __future__ import annotations
 
@@ -24,7 +25,14 @@ from .checks import ConfigError, check_run_name
 from .checks import check as _check
 from .eval import EvalSpec
 from .launch import ClusterSpec, LaunchSpec
-from .rules import check_optimizer_settings, check_pipeline_backend, data_parallel_size
+from .objective import ObjectiveSpec
+from .revisions import keep_run_settings
+from .rules import (
+    check_objective_settings,
+    check_optimizer_settings,
+    check_pipeline_backend,
+    data_parallel_size,
+)
 from .sections import LoraSpec, MemorySpec, SampleSpec, TrainSpec
 
 CONFIG_VERSION = 1
@@ -43,6 +51,7 @@ class RunConfig:
     launch: LaunchSpec = field(default_factory=LaunchSpec)
     sample: SampleSpec = field(default_factory=SampleSpec)
     eval: EvalSpec = field(default_factory=EvalSpec)  # held-out eval set (engine/config/eval.py)
+    objective: ObjectiveSpec = field(default_factory=ObjectiveSpec)  # the loss (engine/config/objective.py)
     resume: bool = False  # continue from the newest checkpoint in run_dir/checkpoints
     accept_changes: bool = False  # resume even with settings that change the result (engine/config/revisions.py)
     version: int = CONFIG_VERSION
@@ -53,9 +62,10 @@ class RunConfig:
                f"run.json has version {self.version}, this PipeTrain reads version {CONFIG_VERSION}: "
                "re-create the run from the TrainPipeline node.")
         check_run_name(self.run_name)
-        for part in (self.lora, self.memory, self.train, self.launch, self.sample, self.eval):
+        for part in (self.lora, self.memory, self.train, self.launch, self.sample, self.eval, self.objective):
             part.validate()
         check_optimizer_settings(self.memory, self.train)
+        check_objective_settings(self.objective, self.train)
         check_pipeline_backend(self.memory, self.launch)
         nodes = self.launch.nodes()  # with a hostfile, engine/launch/cluster.py checks this once it is read
         if nodes:
@@ -91,11 +101,12 @@ class RunConfig:
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "RunConfig":
+        """run.json; a resumed one that leaves out objective settings keeps the run's (revisions.keep_run_settings)."""
         try:
             data = json.loads(Path(path).read_text(encoding="utf-8"))
         except (OSError, json.JSONDecodeError) as e:
             raise ConfigError(f"cannot read run config {path}: {e}") from e
-        return cls.from_dict(data)
+        return cls.from_dict(keep_run_settings(data) if isinstance(data, dict) else data)
 
     def save(self, path: str | os.PathLike) -> None:
         write_text_atomic(Path(path), json.dumps(self.to_dict(), indent=2, sort_keys=True))
@@ -134,7 +145,7 @@ def _build(cls, data: Any, where: str):
 
 _SECTIONS = {"LoraSpec": LoraSpec, "MemorySpec": MemorySpec, "TrainSpec": TrainSpec, "LaunchSpec": LaunchSpec,
              "ClusterSpec": ClusterSpec,
-             "SampleSpec": SampleSpec, "EvalSpec": EvalSpec}
+             "SampleSpec": SampleSpec, "EvalSpec": EvalSpec, "ObjectiveSpec": ObjectiveSpec}
 
 
 def write_text_atomic(path: Path, text: str) -> None:

@@ -98,7 +98,9 @@ class TrainSpec:
     save_every: int = 0  # save a LoRA every N steps (0 = only at the end)
     checkpoint_every: int = 0  # write a resumable checkpoint every N steps (0 = only on cancel/end)
     timestep_sampling: str = "uniform"
-    timestep_shift: float = 0.0  # 0 = the model's own shift (what ComfyUI samples with)
+    # 0 = the model's own shift (what ComfyUI samples with). SD3-style flow schedules: shift*t / (1 + (shift-1)*t);
+    # Flux-style ones (Flux, Flux 2, Chroma, Qwen-Image): the exponent mu, e^mu / (e^mu + 1/t - 1).
+    timestep_shift: float = 0.0
     # Noise range trained, in [0, 1] (1 = pure noise; sigma for flow models): Wan 2.2 A14B experts
     # (high noise: min_t 0.875; low noise: max_t 0.875). engine/train/objective.py: noise_range.
     min_t: float = 0.0

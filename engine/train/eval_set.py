@@ -26,26 +26,11 @@ from ..config.eval import EVAL_QUANTILES
 from ..config.run import RunConfig
 from ..latent_fit import accepted_channels, wanted_latents
 from . import distributed as dist
-from .objective import (
-    _T_MAX,
-    _T_MIN,
-    DiffusionObjective,
-    native_loss,
-    transformer_options,
-)
+from .objective import DiffusionObjective, transformer_options
 from .sample_order import collate
+from .timesteps import quantile_time
 
-
-def quantile_time(method: str, q: float, lo: float, hi: float) -> float:
-    """The q-quantile of engine.train.objective.draw_time(method, lo, hi) (its inverse CDF at q)."""
-    if method == "logit_normal":
-        normal = torch.distributions.Normal(0.0, 1.0)
-        c_lo, c_hi = (normal.cdf(torch.logit(torch.tensor(min(max(b, 1e-7), 1 - 1e-7), dtype=torch.float64)))
-                      for b in (lo, hi))
-        t = torch.sigmoid(normal.icdf(c_lo + (c_hi - c_lo) * q)).item()
-    else:
-        t = lo + (hi - lo) * q
-    return min(max(t, lo, _T_MIN), hi, _T_MAX)
+__all__ = ["EvalSet", "eval_noise", "quantile_time", "report"]
 
 
 def eval_noise(seed: int, item: int, shape: torch.Size) -> torch.Tensor:
@@ -72,10 +57,8 @@ class EvalSet:
             raise ConfigError(f"the eval cache {cfg.eval.cache_dir} holds {shape[0]}-channel latents but the model "
                               f"expects {wanted_latents(fmt, shape)}: cache the eval set with the same VAE as the "
                               "training set.")
-        ms = objective.base.model_sampling
-        lo, hi = objective.noise_range()
-        self.sigmas = [float(ms.percent_to_sigma(1.0 - quantile_time(cfg.train.timestep_sampling, q, lo, hi)))
-                       for q in EVAL_QUANTILES]
+        self._sigmas: dict[tuple, list[float]] = {}  # per latent shape: the resolution shift depends on it
+        self.sigmas = self.sigmas_for(torch.zeros((1, *shape)))  # reported; the first item's size
         pairs = [(item, qi) for item in range(len(self.dataset)) for qi in range(len(EVAL_QUANTILES))]
         if len(pairs) < replicas:
             raise ConfigError(f"the eval set has {len(self.dataset)} item(s) x {len(EVAL_QUANTILES)} noise levels, "
@@ -95,28 +78,34 @@ class EvalSet:
             replica, replicas = dist.rank(), dist.world_size()
         return cls(cfg, objective, device, replica, replicas)
 
+    def sigmas_for(self, latents: torch.Tensor) -> list[float]:
+        """The EVAL_QUANTILES of the noise levels the run trains latents of this shape at."""
+        key = tuple(latents.shape[1:])
+        if key not in self._sigmas:
+            self._sigmas[key] = [self.objective.quantile_sigma(latents, q) for q in EVAL_QUANTILES]
+        return self._sigmas[key]
+
     def _batches(self):
         """(quantile index, Prepared) for this replica's pairs, each item read once."""
         for item, qis in self.mine.items():
             latents, conds, _ = collate(self.dataset, _Items, [item], self.device)
             noise = eval_noise(self.spec.seed, item, self.objective.noise_shape(latents)).unsqueeze(0)
             for qi in qis:
-                yield qi, self.objective.prepare_at(latents, conds, noise, [self.sigmas[qi]])
+                yield qi, self.objective.prepare_at(latents, conds, noise, [self.sigmas_for(latents)[qi]])
 
     def _plain_losses(self) -> list[tuple[int, float]]:
         base = self.objective.base
         out = []
         for qi, b in self._batches():
             denoised = base.apply_model(b.xt, b.sigma, transformer_options=transformer_options(b.sigma), **b.kwargs)
-            out.append((qi, float(native_loss(denoised, b.x0, b.scale, b.weight))))
+            out.append((qi, float(self.objective.loss(denoised, b))))
         return out
 
     def _pipeline_losses(self, engine, adapter) -> list[tuple[int, float]]:
         def micro_batches():
             for _, b in self._batches():
-                labels = (b.x0, b.scale) + (() if b.weight is None else (b.weight,))
                 yield (tuple(x.contiguous() for x in adapter.first_stage_inputs(b)),
-                       tuple(x.contiguous() for x in labels))
+                       tuple(x.contiguous() for x in DiffusionObjective.labels(b)))
 
         order = [qi for qis in self.mine.values() for qi in qis]  # the order _batches yields them in
         engine.reset_activation_shape()  # eval items may differ in shape from the training batches

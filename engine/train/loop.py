@@ -67,6 +67,7 @@ def train(cfg: RunConfig, device: torch.device, events: EventLog, phases: SetupP
     from ..patches.trainable import make_trainable
     from .lora import inject_lora, lora_parameters, lora_state_dict, lora_tensors
     from .objective import DiffusionObjective, apply_timestep_shift
+    from .objective_checks import check_objective
     from .optim import build_scheduler
     from .optimizers import build_optimizer
     from .sample_order import SampleStream, collate, steps_for_epochs
@@ -97,6 +98,7 @@ def train(cfg: RunConfig, device: torch.device, events: EventLog, phases: SetupP
     model = load_base_model(cfg, torch.device("cpu") if pipelined else device)
     phases.done("model_load")  # reading the file and building ComfyUI's model on the device
     apply_timestep_shift(model, t.timestep_shift)
+    check_objective(model, cfg.objective)  # guidance, resolution shift and SNR weights this model can use
     model.model_sampling.to(device)
     if dataset.latent_shape[0] not in accepted_channels(model.latent_format, dataset.latent_shape):
         raise ModelLoadError(
@@ -116,7 +118,7 @@ def train(cfg: RunConfig, device: torch.device, events: EventLog, phases: SetupP
     memory = apply_memory_options(model, cfg.memory, None if pipelined else device)
     phases.done("memory_options")  # compiling happens in the first step, not here
     objective = DiffusionObjective(model, seed=t.seed, timestep_sampling=t.timestep_sampling,
-                                   t_range=(t.min_t, t.max_t))
+                                   t_range=(t.min_t, t.max_t), objective=cfg.objective)
     if pipelined:
         from . import pipeline
 

@@ -9,7 +9,10 @@ Every prediction type in ComfyUI is affine in the raw network output:
     D = a(sigma) * xt + b(sigma) * output,
 so the error in the network's native target space (eps, v, or flow velocity) is (D - x0) / b.
 The loss is the MSE of that, which is the usual objective for each family (e.g. for flow
-models it is exactly the velocity MSE |v_pred - (noise - x0)|^2).
+models it is exactly the velocity MSE |v_pred - (noise - x0)|^2); objective.loss picks huber or
+smooth L1 instead, min-SNR / debiased estimation weight it per sample (engine/train/losses.py).
+The objective settings (engine/config/objective.py) also set the guidance a guidance-distilled model
+trains at, the logit-normal scale and Flux's resolution-dependent shift (engine/train/timesteps.py).
 
 Loss masks (LoadDataset's mask_folder, cached at latent size) weight that squared error per
 latent cell; the loss is the weighted mean sum(w * err^2) / sum(w) over the batch, so a mask
@@ -23,6 +26,7 @@ uninterrupted one exactly.
 from __future__ import annotations
 
 import inspect
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,17 +34,24 @@ import torch
 from torch import nn
 
 from ..config.checks import ConfigError
+from ..config.objective import ObjectiveSpec
+from . import timesteps
+from .losses import native_loss, snr_weights
+from .objective_checks import patch_size, snr_prediction, takes_guidance
+from .timesteps import draw_time
 
-# Keep timesteps off the exact ends of the schedule, where some samplings are infinite or 0.
-_T_MIN, _T_MAX = 1e-3, 1.0 - 1e-3
+__all__ = ["DiffusionObjective", "Prepared", "apply_timestep_shift", "draw_time", "native_loss"]
+# Without objective settings (tests, the block probe) the conditioning's own guidance is kept.
+CONDITIONING_AS_CACHED = ObjectiveSpec(guidance=0.0)
 
 
 def apply_timestep_shift(model: nn.Module, shift: float) -> None:
     """Override the model's sampling shift for training (0 keeps the one ComfyUI samples with).
 
-    Flow schedules (SD3, AuraFlow, Wan, HunyuanVideo: sigma = shift*t / (1 + (shift-1)*t); Flux-style:
-    shift is the exponent mu) take it through their own set_parameters; discrete eps/v schedules
-    have no shift.
+    Flow schedules (SD3, AuraFlow, Wan, HunyuanVideo: sigma = shift*t / (1 + (shift-1)*t)) take it through
+    their own set_parameters; on Flux-style schedules (Flux, Flux 2, Chroma, Qwen-Image) it is the exponent
+    mu of sigma = e^mu / (e^mu + 1/t - 1), so 3 there is far noisier than SD3's 3 (median sigma 0.953, SD3's
+    0.75); discrete eps/v schedules have no shift.
     """
     if shift <= 0:
         return
@@ -68,24 +79,6 @@ def sample_generator(seed: int, sample_index: int) -> torch.Generator:
     return torch.Generator(device="cpu").manual_seed((seed * 1_000_003 + sample_index) % (2**63 - 1))
 
 
-def draw_time(gen: torch.Generator, method: str, lo: float = 0.0, hi: float = 1.0) -> float:
-    """Noise level t in (0, 1): 1 = pure noise. Uniform, or logit-normal (SD3-style), restricted
-    to [lo, hi] by inverse-CDF sampling (the distribution inside the range is unchanged; with the
-    full range the draws are the same as before the range existed)."""
-    if method == "logit_normal":
-        if (lo, hi) == (0.0, 1.0):
-            t = torch.sigmoid(torch.randn((), generator=gen)).item()
-        else:
-            normal = torch.distributions.Normal(0.0, 1.0)
-            c_lo, c_hi = (normal.cdf(torch.logit(torch.tensor(min(max(b, 1e-7), 1 - 1e-7), dtype=torch.float64)))
-                          for b in (lo, hi))
-            u = c_lo + (c_hi - c_lo) * torch.rand((), generator=gen, dtype=torch.float64)
-            t = torch.sigmoid(normal.icdf(u)).item()
-    else:
-        t = lo + (hi - lo) * torch.rand((), generator=gen).item()
-    return min(max(t, lo, _T_MIN), hi, _T_MAX)
-
-
 def _is_flow(model_sampling) -> bool:
     import comfy.model_sampling
 
@@ -108,34 +101,70 @@ class DiffusionObjective(nn.Module):
     """Wraps a ComfyUI BaseModel; forward(batch) returns the mean loss over the batch."""
 
     def __init__(self, base_model: nn.Module, seed: int, timestep_sampling: str = "uniform",
-                 t_range: tuple[float, float] = (0.0, 1.0)):
+                 t_range: tuple[float, float] = (0.0, 1.0), objective: ObjectiveSpec | None = None):
         super().__init__()
         self.base = base_model
         self.seed = seed
         self.timestep_sampling = timestep_sampling
         self.t_range = (float(t_range[0]), float(t_range[1]))
-        self._u_range = None  # draw-space bounds for t_range, found once (see noise_range)
+        self.spec = objective if objective is not None else CONDITIONING_AS_CACHED
+        self._u_ranges: dict[float | None, tuple[float, float]] = {}  # draw-space bounds per mu (noise_range)
+        self._guidance_noted = False
 
     def forward(self, latents: torch.Tensor, conds: list[dict[str, Any]], sample_ids: list[int]) -> torch.Tensor:
         batch = self.prepare(latents, conds, sample_ids)
         denoised = self.base.apply_model(batch.xt, batch.sigma, transformer_options=transformer_options(batch.sigma),
                                          **batch.kwargs)
-        return native_loss(denoised, batch.x0, batch.scale, batch.weight)
+        return self.loss(denoised, batch)
+
+    def loss(self, denoised: torch.Tensor, batch: "Prepared") -> torch.Tensor:
+        return native_loss(denoised, batch.x0, batch.scale, batch.weight, batch.sample_weight, self.spec.loss,
+                           self.spec.huber_delta)
+
+    @staticmethod
+    def labels(batch: "Prepared") -> tuple[torch.Tensor, ...]:
+        """What the pipeline's last stage needs for the loss besides the output (label_loss takes them)."""
+        sample_weight = batch.sample_weight if batch.sample_weight is not None else torch.ones_like(batch.sigma)
+        return (batch.x0, batch.scale, sample_weight) + (() if batch.weight is None else (batch.weight,))
+
+    def label_loss(self, denoised: torch.Tensor, labels: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        x0, scale, sample_weight, *weight = labels
+        return native_loss(denoised, x0, scale, weight[0] if weight else None,
+                           sample_weight if self.spec.snr_weighting else None, self.spec.loss, self.spec.huber_delta)
 
     def prepare(self, latents: torch.Tensor, conds: list[dict[str, Any]], sample_ids: list[int]) -> "Prepared":
         """Everything apply_model and the loss need, drawn reproducibly from the sample ids."""
-        ms = self.base.model_sampling
-        lo, hi = self.noise_range()
         x0 = self.base.process_latent_in(latents.float())
+        mu = self.mu(x0)
+        lo, hi = self.noise_range(mu)
         noise, sigmas = [], []
         for sample_id in sample_ids:
             gen = sample_generator(self.seed, sample_id)
             # at the model's latent shape, which process_latent_in may change (HunyuanImage 2.1's
             # refiner folds frame pairs into channels: 32 -> 64); the sampler's noise has that shape too
             noise.append(torch.randn(x0.shape[1:], generator=gen))
-            t = draw_time(gen, self.timestep_sampling, lo, hi)
-            sigmas.append(float(ms.percent_to_sigma(1.0 - t)))
+            sigmas.append(self.sigma_at(draw_time(gen, self.timestep_sampling, lo, hi, self.spec.sigmoid_scale), mu))
         return self._prepare_x0(x0, conds, torch.stack(noise), sigmas)
+
+    def mu(self, x0: torch.Tensor) -> float | None:
+        """Flux's exponent for this batch's image size with objective.resolution_shift (one size per batch:
+        batches never mix aspect buckets), else None (the schedule's own shift)."""
+        if not self.spec.resolution_shift:
+            return None
+        tokens = timesteps.image_tokens(tuple(x0.shape[1:]), patch_size(self.base))
+        return timesteps.resolution_mu(tokens, self.spec.base_shift, self.spec.max_shift)
+
+    def sigma_at(self, t: float, mu: float | None = None) -> float:
+        """The sigma of draw t: the model's schedule, or Flux's at exponent mu."""
+        if mu is not None:
+            return timesteps.flux_sigma(t, mu)
+        return float(self.base.model_sampling.percent_to_sigma(1.0 - t))
+
+    def quantile_sigma(self, latents: torch.Tensor, q: float) -> float:
+        """The sigma at quantile q of the noise levels this objective trains these (raw) latents at."""
+        mu = self.mu(self.base.process_latent_in(latents[:1].float()))
+        lo, hi = self.noise_range(mu)
+        return self.sigma_at(timesteps.quantile_time(self.timestep_sampling, q, lo, hi, self.spec.sigmoid_scale), mu)
 
     def noise_shape(self, latents: torch.Tensor) -> torch.Size:
         """The shape of one sample's noise for these cached (raw VAE) latents: the processed latent's."""
@@ -168,27 +197,49 @@ class DiffusionObjective(nn.Module):
         user_mask = loss_mask(conds, x0)
         if user_mask is not None:  # only the loss: the model sees the whole image
             weight = user_mask if mask is None else mask * user_mask
-        return Prepared(xt=xt, sigma=sigma, kwargs=model_kwargs(model, conds, x0, noise, mask), x0=x0, scale=scale,
-                        weight=weight)
+        sample_weight = None
+        if self.spec.snr_weighting:
+            sample_weight = snr_weights(sigma, float(getattr(ms, "sigma_data", 1.0)),
+                                        snr_prediction(ms) == "v", self.spec.min_snr_gamma,
+                                        self.spec.debiased_estimation)
+        return Prepared(xt=xt, sigma=sigma, kwargs=model_kwargs(model, self._guided(conds), x0, noise, mask), x0=x0,
+                        scale=scale, weight=weight, sample_weight=sample_weight)
 
-    def noise_range(self) -> tuple[float, float]:
-        """Bounds in draw space (t before the model's schedule and shift) for train.min_t/max_t.
+    def _guided(self, conds: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """conds with objective.guidance as every item's guidance, for models that take one (guidance 0: as
+        cached, else ComfyUI's default for the model)."""
+        value = self.spec.guidance
+        if value <= 0 or not takes_guidance(self.base):
+            return conds
+        cached = {c["extras"].get("guidance", "absent") for c in conds}
+        if not self._guidance_noted and cached - {"absent", value}:
+            self._guidance_noted = True
+            shown = ", ".join(sorted(str(v) for v in cached if v != "absent"))
+            print(f"objective.guidance {value:g} replaces the guidance cached with the dataset ({shown}); set "
+                  "guidance to 0 to train at the cached value.", file=sys.stderr, flush=True)
+        return [{**c, "extras": {**c["extras"], "guidance": value}} for c in conds]
+
+    def noise_range(self, mu: float | None = None) -> tuple[float, float]:
+        """Bounds in draw space (t before the model's schedule and shift; mu: Flux's resolution exponent)
+        for train.min_t/max_t.
 
         min_t/max_t bound the noise level the model sees: for flow models that is sigma itself
         (xt = (1 - sigma) x0 + sigma noise; Wan 2.2's expert boundary 0.875 is such a sigma), for
         other schedules the schedule position ComfyUI's percent_to_sigma maps from. Draws inside
         the range keep the distribution they have over the whole range (shift, logit-normal).
         """
-        if self._u_range is None:
+        if mu not in self._u_ranges:
             lo, hi = self.t_range
             if (lo, hi) == (0.0, 1.0):
-                self._u_range = (0.0, 1.0)
+                self._u_ranges[mu] = (0.0, 1.0)
+            elif mu is not None:  # a Flux-style (flow) schedule: the bounds are sigmas
+                self._u_ranges[mu] = (timesteps.flux_time(lo, mu), timesteps.flux_time(hi, mu))
             else:
                 ms = self.base.model_sampling
                 flow = _is_flow(ms)
                 target = (lambda t: t) if flow else (lambda t: float(ms.percent_to_sigma(1.0 - t)))
-                self._u_range = (_draw_position(ms, target(lo)), _draw_position(ms, target(hi)))
-        return self._u_range
+                self._u_ranges[mu] = (_draw_position(ms, target(lo)), _draw_position(ms, target(hi)))
+        return self._u_ranges[mu]
 
 
 @dataclass
@@ -199,17 +250,7 @@ class Prepared:
     x0: torch.Tensor
     scale: torch.Tensor  # d(denoised)/d(network output): maps denoised error to native-target error
     weight: torch.Tensor | None = None  # loss weight per latent cell (denoise_mask x loss_mask), None = all 1
-
-
-def native_loss(denoised: torch.Tensor, x0: torch.Tensor, scale: torch.Tensor,
-                weight: torch.Tensor | None = None) -> torch.Tensor:
-    err = (denoised.float() - x0) / scale
-    if not torch.isfinite(err).all():
-        raise FloatingPointError("the loss is not finite: lower the learning rate or check the model file and cache")
-    if weight is None:
-        return err.pow(2).mean()
-    weight = weight.expand_as(err)
-    return (err.pow(2) * weight).sum() / weight.sum().clamp_min(1.0)
+    sample_weight: torch.Tensor | None = None  # loss weight per sample [B] (min-SNR / debiased), None = all 1
 
 
 def denoise_mask(conds: list[dict[str, Any]], x0: torch.Tensor) -> torch.Tensor | None:

@@ -24,7 +24,7 @@ from ..config.rules import data_parallel_size
 from ..config.run import RunConfig
 from ..patches import deepspeed as ds_patches
 from .distributed import deepspeed_config
-from .objective import DiffusionObjective, native_loss
+from .objective import DiffusionObjective
 from .sample_order import SampleStream, collate
 
 
@@ -50,7 +50,7 @@ def build_engine(cfg: RunConfig, model, objective: DiffusionObjective, optimizer
     if parts is None:
         parts, cut = default_bounds(adapter.partition, stages, len(layers)), _CUTS[adapter.partition]
     module = ds_patches.split_pipeline_module()(parts, layers=layers, num_stages=stages,
-                                                loss_fn=lambda out, labels: native_loss(out, *labels),
+                                                loss_fn=objective.label_loss,
                                                 partition_method="manual" if parts else adapter.partition)
     start, stop = module.parts[module.stage_id], module.parts[module.stage_id + 1]
     print(f"pipeline stage {module.stage_id + 1}/{stages}: layers {start}-{stop - 1} of {len(layers)} ({cut})",
@@ -147,8 +147,7 @@ def micro_batches(cfg: RunConfig, engine, adapter, objective: DiffusionObjective
         latents, conds, ids = collate(dataset, stream, positions, device)
         prepared = objective.prepare(latents, conds, ids)
         inputs = tuple(x.contiguous() for x in adapter.first_stage_inputs(prepared))
-        labels = (prepared.x0, prepared.scale) + (() if prepared.weight is None else (prepared.weight,))
-        yield inputs, tuple(x.contiguous() for x in labels)  # weight: a denoise mask, as native_loss takes it
+        yield inputs, tuple(x.contiguous() for x in objective.labels(prepared))  # what label_loss takes
 
 
 def gather_lora(module: torch.nn.Module, names: dict[int, str]) -> dict[str, torch.Tensor] | None:

@@ -16,6 +16,7 @@ from tools.demo import demo_prompt
 pytestmark = [pytest.mark.slow, pytest.mark.core]
 
 NODES = ["PipeTrainLoadDataset", "PipeTrainCacheLatents", "PipeTrainConfigureLoRA", "PipeTrainMemoryOptions",
+         "PipeTrainObjectiveOptions",
          "PipeTrainTrainPipeline", "PipeTrainSaveLoRA"]
 
 

@@ -157,6 +157,37 @@ def test_model_cache_and_lora_mismatches_are_named(files, tmp_path):
     assert not preflight.detect(files["wan"]).no_shift  # a flow model takes a shift
 
 
+def test_objective_settings_the_model_cannot_use_are_refused_before_launch(files, tmp_path):
+    from PipeTrain.engine.config.objective import ObjectiveSpec
+    from PipeTrain.nodes.objective_options import PipeTrainObjectiveOptions
+
+    sd_cache, wan_cache = _cache(tmp_path, 4), None
+    (spec,) = PipeTrainObjectiveOptions().configure(3.5, False, 0.5, 1.15, 1.0, "huber", 0.5, 5.0, False)
+    assert spec == ObjectiveSpec(guidance=3.5, loss="huber", huber_delta=0.5, min_snr_gamma=5.0)
+    with pytest.raises(ConfigError, match="no delta"):
+        PipeTrainObjectiveOptions().configure(1.0, False, 0.5, 1.15, 1.0, "mse", 0.5, 0.0, False)
+    for path, cache, objective, needle in (
+            (files["unet"], sd_cache, ObjectiveSpec(guidance=3.5), "without a guidance input"),
+            (files["unet"], sd_cache, ObjectiveSpec(resolution_shift=True), "turn resolution_shift off"),
+            (files["wan"], wan_cache, ObjectiveSpec(min_snr_gamma=5.0), "set min_snr_gamma to 0")):
+        with pytest.raises(ConfigError, match=needle):
+            preflight.check_model("m", path, LoraSpec(), {"cache": cache}, objective=objective)
+    preflight.check_model("m", files["unet"], LoraSpec(), {"cache": sd_cache},
+                          objective=ObjectiveSpec(min_snr_gamma=5.0, debiased_estimation=True))
+
+
+def test_a_resume_without_objective_options_keeps_the_runs(tmp_path):
+    from PipeTrain.engine.config.objective import ObjectiveSpec
+    from PipeTrain.engine.config.revisions import record
+    from PipeTrain.nodes.runs import resumed_objective
+
+    old = {"run_name": "r", "run_dir": str(tmp_path), "lora": {"rank": 4}, "train": {"steps": 2}}
+    (tmp_path / "run.json").write_text(json.dumps(old))
+    assert resumed_objective(tmp_path) == ObjectiveSpec(guidance=0.0)  # from before the settings: as it trained
+    record(tmp_path, {**old, "objective": {"loss": "smooth_l1", "guidance": 2.0}}, 0)
+    assert resumed_objective(tmp_path) == ObjectiveSpec(loss="smooth_l1", guidance=2.0)
+
+
 def test_a_cache_from_another_text_encoder_is_named_before_launch(files, tmp_path):
     import tiny_detected
 
@@ -199,6 +230,21 @@ def test_a_start_image_the_model_cannot_read_is_refused(files, tmp_path):
     found = preflight.check_model("expert", str(tmp_path / "expert.safetensors"), LoraSpec(),
                                   {"cache": cache("wan_concat")})
     assert (found.family, found.in_channels) == ("WAN21_T2V", 36)
+
+
+@pytest.mark.slow
+def test_objective_options_reach_run_json_through_the_graph(comfy_server, demo_base):
+    prompt = demo_prompt(demo_base, steps=1, processes=1, run_name="objective_node")
+    prompt = {k: v for k, v in prompt.items() if k in {"1", "2", "3", "4", "5", "6", "7", "8"}}
+    prompt["30"] = {"class_type": "PipeTrainObjectiveOptions", "inputs": {
+        "guidance": 1.0, "resolution_shift": False, "base_shift": 0.5, "max_shift": 1.15, "sigmoid_scale": 1.0,
+        "loss": "smooth_l1", "huber_delta": 0.25, "min_snr_gamma": 5.0, "debiased_estimation": True}}
+    prompt["8"]["inputs"].update(sample_prompts="", objective=["30", 0])
+    comfy_server.run(prompt, timeout=300)
+    run_json = Path(demo_base["base_dir"]) / "output" / "pipetrain" / "objective_node" / "run.json"
+    objective = json.loads(run_json.read_text(encoding="utf-8"))["objective"]
+    assert (objective["loss"], objective["huber_delta"], objective["min_snr_gamma"],
+            objective["debiased_estimation"]) == ("smooth_l1", 0.25, 5.0, True)
 
 
 @pytest.mark.slow
