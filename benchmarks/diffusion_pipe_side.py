@@ -3,15 +3,24 @@
 Builds everything diffusion-pipe needs offline, runs its train.py under the DeepSpeed launcher on
 one GPU and prints one JSON line per run with the median seconds per step:
 
-    python benchmarks/diffusion_pipe_side.py --work /tmp/dp_work --dp .dp_src --model flux --runs nockpt,ckpt
+    python benchmarks/diffusion_pipe_side.py --work /tmp/dp_work --dp /tmp/diffusion-pipe --comfy $COMFY_075 \
+        --model flux --runs eager,compile,ckpt,compile_ckpt --grad-accum 4
 
---dp is an unpacked diffusion-pipe checkout with submodules/ComfyUI and submodules/HunyuanVideo
-(hyvideo) filled in. The model is a random-init model of the real shape in the folder layout
+Runs: eager (no activation checkpointing), ckpt (diffusion-pipe's activation_checkpointing = true),
+and each with diffusion-pipe's own `compile = true` (it compiles its whole pipeline module, dynamic
+shapes), so that compiled is compared with compiled (benchmarks/throughput.py's options of the same
+names on PipeTrain's side).
+
+--dp is an unpacked diffusion-pipe checkout with submodules/HunyuanVideo (hyvideo) filled in, and
+submodules/ComfyUI filled in or given with --comfy (benchmarks/dp_pack.sh builds one from git
+directories, with the wheels diffusion-pipe needs beyond the GPU image and PipeTrain's payload). The model is a random-init model of the real shape in the folder layout
 diffusion-pipe loads (Flux: a diffusers FLUX.1-dev folder; Wan: the Wan2.1-T2V-14B folder), with the
 smallest text encoders / VAE / tokenizers its loaders accept, built offline (text encoder widths
 match what the transformer expects). --tiny shrinks the transformer for a CPU check of the files.
-Step times come from DeepSpeed's "steps: N ... iter time (s): T" lines; the process is stopped once
-enough steps were seen (before diffusion-pipe's final save).
+Step times come from DeepSpeed's "steps: N ... iter time (s): T" lines and, as PipeTrain's are
+timed, from the wall clock between those lines (one optimizer step each); the process is stopped once
+enough steps were seen (before diffusion-pipe's final save). The GPU's SM clock and power are
+sampled during each run (min / median / max).
 """
 from __future__ import annotations
 
@@ -42,6 +51,9 @@ WAN_T2V_14B = {"_class_name": "WanModel", "_diffusers_version": "0.30.0", "model
                "text_len": 512, "in_dim": 16, "dim": 5120, "ffn_dim": 13824, "freq_dim": 256, "text_dim": 4096,
                "out_dim": 16, "num_heads": 40, "num_layers": 40, "window_size": [-1, -1], "qk_norm": True,
                "cross_attn_norm": True, "eps": 1e-06}
+# run name -> (activation checkpointing, diffusion-pipe's compile = true); "nockpt" is the older name of eager
+RUNS = {"eager": (False, False), "nockpt": (False, False), "ckpt": (True, False), "compile": (False, True),
+        "compile_ckpt": (True, True)}
 CHARS = [chr(c) for c in range(ord("a"), ord("z") + 1)] + [str(d) for d in range(10)]
 
 
@@ -235,7 +247,7 @@ def write_videos(folder: Path, n: int, size: int, frames: int):
 
 
 def write_configs(work: Path, name: str, model: str, model_dir: Path, data_dir: Path, ckpt: bool, steps: int,
-                  size: int, frames: int) -> Path:
+                  size: int, frames: int, compile_model: bool = False, grad_accum: int = 1) -> Path:
     dataset = work / f"dataset_{model}.toml"
     dataset.write_text(f"resolutions = [{size}]\nenable_ar_bucket = false\nframe_buckets = [{frames}]\n\n"
                        f"[[directory]]\npath = '{data_dir}'\nnum_repeats = 1\n")
@@ -246,7 +258,9 @@ def write_configs(work: Path, name: str, model: str, model_dir: Path, data_dir: 
     config = work / f"config_{name}.toml"
     config.write_text(
         f"output_dir = '{work / 'runs' / name}'\ndataset = '{dataset}'\nepochs = 1000\nmax_steps = {steps}\n"
-        "micro_batch_size_per_gpu = 1\npipeline_stages = 1\ngradient_accumulation_steps = 1\ngradient_clipping = 1.0\n"
+        "micro_batch_size_per_gpu = 1\npipeline_stages = 1\n"
+        f"gradient_accumulation_steps = {grad_accum}\ngradient_clipping = 1.0\n"
+        f"compile = {'true' if compile_model else 'false'}\n"
         "warmup_steps = 0\neval_before_first_step = false\nsave_every_n_epochs = 1000\n"
         f"activation_checkpointing = {'true' if ckpt else 'false'}\nsave_dtype = 'bfloat16'\ncaching_batch_size = 1\n"
         "steps_per_print = 1\nvideo_clip_mode = 'single_beginning'\n\n"
@@ -279,15 +293,24 @@ def write_shims(work: Path, no_cudnn_sdpa: bool) -> Path:
 
 
 # ----------------------------------------------------------------------------- running
-def gpu_memory_sampler(stop: threading.Event, peak: list):
+def gpu_sampler(stop: threading.Event, peak: list, clocks: list):
+    """Peak memory used (MiB) into peak[0]; (SM clock MHz, power W) samples into clocks."""
+    query = "--query-gpu=memory.used,clocks.sm,power.draw"
     while not stop.is_set():
         try:
-            out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits", "-i", "0"],
+            out = subprocess.run(["nvidia-smi", query, "--format=csv,noheader,nounits", "-i", "0"],
                                  capture_output=True, text=True, timeout=5, check=False).stdout.strip()
-            peak[0] = max(peak[0], int(out.splitlines()[0]))
+            used, sm, power = (float(v) for v in out.splitlines()[0].split(","))
+            peak[0] = max(peak[0], int(used))
+            clocks.append((sm, power))
         except (OSError, ValueError, IndexError, subprocess.SubprocessError):
             pass
         stop.wait(0.5)
+
+
+def _spread(values: list[float]) -> list[float] | None:
+    """[min, median, max] of the samples taken while the GPU was busy (power above idle)."""
+    return [round(min(values)), round(statistics.median(values)), round(max(values))] if values else None
 
 
 def run_training(dp: Path, config: Path, log: Path, shim: Path, want_steps: int, warmup: int, timeout: float,
@@ -299,8 +322,8 @@ def run_training(dp: Path, config: Path, log: Path, shim: Path, want_steps: int,
     start = time.monotonic()
     proc = subprocess.Popen(cmd, cwd=dp, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             bufsize=1, start_new_session=True)
-    stop, peak = threading.Event(), [0]
-    threading.Thread(target=gpu_memory_sampler, args=(stop, peak), daemon=True).start()
+    stop, peak, clocks = threading.Event(), [0], []
+    threading.Thread(target=gpu_sampler, args=(stop, peak, clocks), daemon=True).start()
     timer = threading.Timer(timeout, lambda: os.killpg(proc.pid, signal.SIGKILL))
     timer.start()
     steps, tail, reason = [], [], "exited"
@@ -331,7 +354,9 @@ def run_training(dp: Path, config: Path, log: Path, shim: Path, want_steps: int,
               "median_iter_s": round(statistics.median(s[2] for s in timed), 4) if timed else None,
               "median_wall_s": round(statistics.median(walls), 4) if walls else None,
               "iter_s": [s[2] for s in steps], "loss": [s[1] for s in steps],
-              "nvidia_smi_peak_gib": round(peak[0] / 1024, 2) if peak[0] else None, "log": str(log)}
+              "nvidia_smi_peak_gib": round(peak[0] / 1024, 2) if peak[0] else None,
+              "sm_clock_mhz": _spread([c for c, w in clocks if w > 150]),
+              "power_w": _spread([w for c, w in clocks if w > 150]), "log": str(log)}
     if not timed:
         result["tail"] = tail[-15:]
         result["cudnn_crash"] = any(CUDNN_CRASH_RE.search(t) for t in tail)
@@ -342,8 +367,10 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--work", required=True, help="scratch folder (model, data, configs, logs)")
     p.add_argument("--dp", required=True, help="unpacked diffusion-pipe checkout with submodules filled in")
+    p.add_argument("--comfy", help="a ComfyUI tree to link as the checkout's empty submodules/ComfyUI")
     p.add_argument("--model", choices=["flux", "wan"], default="flux")
-    p.add_argument("--runs", default="nockpt,ckpt", help="comma list of nockpt / ckpt (activation checkpointing)")
+    p.add_argument("--runs", default="eager,ckpt", help="comma list of " + " / ".join(RUNS))
+    p.add_argument("--grad-accum", type=int, default=1, help="micro-batches per optimizer step (both sides alike)")
     p.add_argument("--steps", type=int, default=12, help="steps to see per run (first --warmup not timed)")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--images", type=int, default=16)
@@ -355,6 +382,14 @@ def main(argv=None):
     args = p.parse_args(argv)
     t0 = time.monotonic()
     work, dp = Path(args.work).resolve(), Path(args.dp).resolve()
+    runs = [r for r in args.runs.split(",") if r]
+    if set(runs) - set(RUNS):
+        raise SystemExit(f"--runs: unknown {sorted(set(runs) - set(RUNS))}; choose from {', '.join(RUNS)}")
+    link = dp / "submodules" / "ComfyUI"
+    if args.comfy and not (link / "comfy" / "sd.py").is_file():
+        if link.is_dir():
+            link.rmdir()  # the empty submodule folder
+        link.symlink_to(Path(args.comfy).resolve(), target_is_directory=True)
     for need in ("train.py", "submodules/ComfyUI/comfy/sd.py", "submodules/HunyuanVideo/hyvideo/constants.py"):
         if not (dp / need).is_file():
             raise SystemExit(f"--dp {dp}: {need} missing; unpack diffusion-pipe with its ComfyUI and HunyuanVideo submodules")
@@ -369,12 +404,14 @@ def main(argv=None):
             write_videos(data_dir, args.images, size, frames)
     prep_s = round(time.monotonic() - t0, 1)
     no_cudnn = args.no_cudnn_sdpa
-    for i, run in enumerate(r for r in args.runs.split(",") if r):
+    for i, run in enumerate(runs):
         name = f"{args.model}_{run}"
-        config = write_configs(work, name, args.model, model_dir, data_dir, run == "ckpt", args.steps + 5, size, frames)
+        ckpt, compiled = RUNS[run]
+        config = write_configs(work, name, args.model, model_dir, data_dir, ckpt, args.steps + 5, size, frames,
+                               compiled, args.grad_accum)
         head = {"tool": "diffusion-pipe", "model": args.model, "run": name, "shape": f"{size}x{size}x{frames}",
-                "lora_rank": 32, "batch": 1, "activation_checkpointing": run == "ckpt", "tiny": args.tiny,
-                "prepare_s": prep_s, **info}
+                "lora_rank": 32, "batch": 1, "grad_accum": args.grad_accum, "activation_checkpointing": ckpt,
+                "compile": compiled, "tiny": args.tiny, "prepare_s": prep_s, **info}
         if args.prepare_only:
             print(json.dumps({**head, "config": str(config)}), flush=True)
             continue
@@ -390,6 +427,8 @@ def main(argv=None):
             if left >= 60:
                 res = dict(run_training(dp, config, work / f"{name}_nocudnn.log", write_shims(work, True),
                                         args.steps, args.warmup, left, 29600 + i), retried_without_cudnn_sdpa=True)
+        if res.get("median_wall_s"):
+            res["wall_s_per_sample"] = round(res["median_wall_s"] / args.grad_accum, 4)
         print(json.dumps({**head, "cudnn_sdpa": not no_cudnn, **res}), flush=True)
     if not args.keep and not args.prepare_only:
         shutil.rmtree(model_dir, ignore_errors=True)
