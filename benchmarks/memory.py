@@ -95,7 +95,7 @@ def child(job: dict) -> dict:
     if compile_now:  # compile first (innermost), with the chosen backend
         from PipeTrain.engine.memory.compile import compile_blocks
 
-        compile_blocks(model.diffusion_model, backend=job["compile_backend"])
+        compile_blocks(model.diffusion_model, backend=job["compile_backend"], mode=job.get("compile_mode"))
     plan = apply_memory_options(model, spec, device)
     objective = DiffusionObjective(model, seed=0)
     params = lora_parameters(model.diffusion_model)
@@ -248,6 +248,8 @@ def main() -> int:
     parser.add_argument("--warmup", type=int, default=1, help="steps before timing (compile sets: at least 2)")
     parser.add_argument("--child-timeout", type=int, default=900, help="seconds one option set may take")
     parser.add_argument("--compile-backend", default="inductor")
+    parser.add_argument("--compile-mode", default=None, help="torch.compile mode for the compiled blocks "
+                        "(e.g. reduce-overhead: CUDA graphs; default: torch's)")
     parser.add_argument("--expandable", action="store_true", help="expandable_segments for every set")
     parser.add_argument("--tiny", action="store_true", help="CPU dry run on a tiny Wan (< 1 min)")
     parser.add_argument("--profile", action="store_true",
@@ -292,7 +294,8 @@ def main() -> int:
             job = {"model": model, "option": option, "memory": memory, "cap_gib": cap, "work": str(work),
                    "model_path": str(path), "steps": args.steps,
                    "warmup": max(args.warmup, 2) if memory.get("compile_blocks") else args.warmup,
-                   "compile_backend": args.compile_backend, "profile": args.profile}
+                   "compile_backend": args.compile_backend, "compile_mode": args.compile_mode,
+                   "profile": args.profile}
             t0 = time.time()
             # --tiny runs the sets in this process: on a CPU there is no peak to isolate, only import time to save.
             result = child(job) if args.tiny else run_child(job, args.expandable, args.child_timeout)

@@ -14,13 +14,14 @@ from ..patches.attention import keep_attention_eager
 from .blocks import blocks
 
 
-def compile_blocks(diffusion_model: nn.Module, backend: str = "inductor") -> int:
+def compile_blocks(diffusion_model: nn.Module, backend: str = "inductor", mode: str | None = None) -> int:
     """Compile each block's forward (one graph per block type and shape). Returns the block count.
+    mode: torch.compile's (None = its default; benchmarks/memory.py --compile-mode tries others).
 
     Must wrap before block swap and checkpointing, so they wrap the compiled forward.
     """
     keep_attention_eager()
     wrapped = blocks(diffusion_model)
     for block in wrapped:
-        block.forward = torch.compile(block.forward, backend=backend)
+        block.forward = torch.compile(block.forward, backend=backend, mode=mode)
     return len(wrapped)
