@@ -49,3 +49,19 @@ def _round_trips(latent_format, shape: tuple[int, ...]) -> bool:
         return False
     return (inside.dim() == latent.dim() and int(inside.shape[1]) == int(latent_format.latent_channels)
             and tuple(back.shape) == tuple(latent.shape))
+
+
+# Models whose sampler latent ComfyUI packs from several streams into one row (comfy.utils.pack_latents, with
+# `latent_shapes` in the conditioning to unpack it): class name -> the streams. CacheLatents caches one
+# VAE's latent per item, not such a row yet (docs/supported-models.md, "MiniMax H3: what is missing").
+PACKED_STREAMS = {"MiniMaxH3": "video + audio"}
+
+
+def packed_latent_missing(model_class: str, extras: dict) -> str | None:
+    """Why a cached item cannot train a model that takes a packed multi-stream latent (None: it can)."""
+    streams = PACKED_STREAMS.get(model_class)
+    if streams is None or "latent_shapes" in extras:
+        return None
+    return (f"{model_class} trains on ComfyUI's packed {streams} latent (one row with `latent_shapes` in its "
+            "conditioning), but the cache holds one VAE's latent per item: PipeTrain's Cache Latents does not "
+            f"write the packed latent yet, so {model_class} cannot be trained from it (docs/supported-models.md).")

@@ -60,7 +60,7 @@ def main(config_path: str, process_start: float | None = None) -> int:
 def train(cfg: RunConfig, device: torch.device, events: EventLog, phases: SetupPhases | None = None) -> int:
     from ..cache.reader import CachedDataset
     from ..config.rules import data_parallel_size
-    from ..latent_fit import accepted_channels, wanted_latents
+    from ..latent_fit import accepted_channels, packed_latent_missing, wanted_latents
     from ..memory.options import apply_memory_options
     from ..models.loading import ModelLoadError, load_base_model
     from ..patches.probe_batch import probe_forward
@@ -105,6 +105,9 @@ def train(cfg: RunConfig, device: torch.device, events: EventLog, phases: SetupP
             f"the cache holds {dataset.latent_shape[0]}-channel latents but {os.path.basename(cfg.model_path)} "
             f"expects {wanted_latents(model.latent_format, dataset.latent_shape)}: cache the dataset with this "
             "model's VAE.")
+    packed = packed_latent_missing(type(model).__name__, dataset[0]["extras"])
+    if packed:
+        raise ModelLoadError(packed)
     # ComfyUI's training flag, and out-of-place block forwards only where the probe finds upstream's
     # in place (engine/patches): before LoRA and the memory options wrap the blocks.
     run_forward, context = probe_forward(DiffusionObjective(model, seed=t.seed), dataset, device)

@@ -1,9 +1,11 @@
 """engine/latent_fit.py on ComfyUI's own latent formats: which cache channel counts each model takes
 (the one rule nodes/preflight.py, engine/train/loop.py and engine/train/eval_set.py share)."""
+import importlib
+
 import pytest
 
 import family_configs as fc
-from PipeTrain.engine.latent_fit import accepted_channels, wanted_latents
+from PipeTrain.engine.latent_fit import accepted_channels, packed_latent_missing, wanted_latents
 
 pytestmark = pytest.mark.core
 
@@ -52,3 +54,19 @@ def test_every_familys_cached_latents_fit_its_model(formats, family):
 
     fmt = getattr(comfy.supported_models, family.supported).latent_format()
     assert family.latent[0] in accepted_channels(fmt, family.latent)
+
+
+def test_a_minimax_h3_cache_without_its_packed_latent_is_refused_by_name(formats):
+    """CacheLatents caches one VAE's latent per item; MiniMax H3 takes the packed video + audio row (and
+    without `latent_shapes` its first forward failed with a bare IndexError). The class name is ComfyUI's."""
+    import family_configs_033 as f33
+
+    family = next(f for f in f33.FAMILIES if f.supported == "MiniMaxH3")
+    if not hasattr(importlib.import_module("comfy.supported_models"), "MiniMaxH3"):
+        pytest.skip("this ComfyUI has no comfy.supported_models.MiniMaxH3")
+    model_class = type(fc.build(family)).__name__
+    message = packed_latent_missing(model_class, {"pooled_output": None})
+    assert message and "MiniMaxH3" in message and "Cache Latents" in message
+    extras = fc.batch(family)[1][0]["extras"]  # the packed latent's conditioning, as the tests train it
+    assert packed_latent_missing(model_class, extras) is None
+    assert packed_latent_missing("Flux", {}) is None
