@@ -11,7 +11,7 @@ set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 SHARED_033="$ROOT/../shared/comfyui-0.33.0"
-PYTEST=(-m pytest -q -p no:cacheprovider)
+PYTEST=(-m pytest -q -p no:cacheprovider --durations=25)  # the 25 slowest tests: what to look at when CI nears its limit
 TMP="$(mktemp -d "${TMPDIR:-/tmp}/pipetrain-test.XXXXXX")"
 trap 'rm -rf "$TMP"' EXIT
 now() { date +%s; }
