@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 
 from ..engine.data.buckets import BucketError, parse_aspect_ratios, parse_resolutions
+from ..engine.data.caption_variants import MAX_KEEP_TOKENS, MAX_TAG_SHUFFLES, options_summary
 from ..engine.data.folders import resolve_extra_folder
 from ..engine.data.frame_rates import AUTO, fps_text, parse_target_fps, rates_summary
 from ..engine.data.messages import EXAMPLES_SHOWN, DatasetError, skipped_text
@@ -97,9 +98,32 @@ _CONTROL_TOOLTIP = (
     "Leave empty for ordinary (non-edit) training.")
 
 
+_PREFIX_TOOLTIP = (
+    "Text put before every caption, e.g. a trigger word: 'ohwx, ' (type the separator you want; it is kept as "
+    "typed). It comes first in every shuffled order and every caption line, and is not counted in keep_tokens. "
+    "Images without a caption train with the prefix alone. Changing it encodes the captions again.")
+_LINES_TOOLTIP = (
+    "On: each line of a caption file is a caption of its own (empty lines are not used); training takes one line "
+    "per epoch, so over N epochs an image with N lines trains each once. Off: the whole file is one caption.")
+_SHUFFLES_TOOLTIP = (
+    "Tag shuffling for comma-separated tag captions ('1girl, red hair, smile'): how many shuffled orders of each "
+    "caption CacheLatents encodes (captions are cached as encodings, so the orders are made at cache time); each "
+    "training step takes one of them. 0 (default): tags keep their order. 8 is a good start; each order stores one "
+    "more text encoding per image on disk.")
+_KEEP_TOOLTIP = ("With tag_shuffles: how many leading tags stay in place (1 keeps the first tag, e.g. a character "
+                 "name, first in every order). 0 shuffles all tags.")
+_DROPOUT_TOOLTIP = (
+    "Caption dropout: the share of training samples that train with the empty caption instead of their own (0.1 = "
+    "one in ten), which helps the LoRA work without its trigger words and with CFG. Which samples follows from the "
+    "training seed, the same on resume and on every GPU. Changing it encodes nothing again (only the empty caption, "
+    "once). 0 = off.")
+
+
 def build_spec(folders: str, resolution: int, repeats: int, aspect_ratios: str = "", extra_resolutions: str = "",
                bucket_multiple: int = 64, video_frames: int = 0, frame_stride: int = 1, mask_folder: str = "",
-               control_folder: str = "", follow_links: bool = False, target_fps: str = AUTO) -> DatasetSpec:
+               control_folder: str = "", follow_links: bool = False, target_fps: str = AUTO,
+               caption_prefix: str = "", caption_lines: bool = False, tag_shuffles: int = 0, keep_tokens: int = 0,
+               caption_dropout: float = 0.0) -> DatasetSpec:
     if not (isinstance(repeats, int) and repeats >= 1):
         raise DatasetError(f"repeats is {repeats}: use a whole number of 1 or more.")
     try:
@@ -111,7 +135,9 @@ def build_spec(folders: str, resolution: int, repeats: int, aspect_ratios: str =
                        video_frames=int(video_frames), frame_stride=int(frame_stride),
                        mask_folder=resolve_extra_folder(mask_folder, _input_dir(), "mask_folder"),
                        control_folder=resolve_extra_folder(control_folder, _input_dir(), "control_folder"),
-                       follow_links=bool(follow_links), target_fps=parse_target_fps(target_fps))
+                       follow_links=bool(follow_links), target_fps=parse_target_fps(target_fps),
+                       caption_prefix=caption_prefix, caption_lines=bool(caption_lines), tag_shuffles=tag_shuffles,
+                       keep_tokens=keep_tokens, caption_dropout=float(caption_dropout))
     spec.check()
     return spec
 
@@ -171,38 +197,41 @@ class PipeTrainLoadDataset:
             # new inputs go last: saved UI workflows store widget values by position
             "follow_links": ("BOOLEAN", {"default": False, "tooltip": _LINKS_TOOLTIP}),
             "target_fps": ("STRING", {"default": AUTO, "tooltip": _FPS_TOOLTIP}),
+            "caption_prefix": ("STRING", {"default": "", "tooltip": _PREFIX_TOOLTIP}),
+            "caption_lines": ("BOOLEAN", {"default": False, "tooltip": _LINES_TOOLTIP}),
+            "tag_shuffles": ("INT", {"default": 0, "min": 0, "max": MAX_TAG_SHUFFLES, "tooltip": _SHUFFLES_TOOLTIP}),
+            "keep_tokens": ("INT", {"default": 0, "min": 0, "max": MAX_KEEP_TOKENS, "tooltip": _KEEP_TOOLTIP}),
+            "caption_dropout": ("FLOAT", {"default": 0.0, "min": 0.0, "max": 0.99, "step": 0.01,
+                                          "tooltip": _DROPOUT_TOOLTIP}),
         }}
 
     @classmethod
     def IS_CHANGED(cls, folders, resolution, repeats, aspect_ratios="", extra_resolutions="", bucket_multiple=64,
                    video_frames=0, frame_stride=1, mask_folder="", control_folder="", follow_links=False,
-                   target_fps=AUTO):
+                   target_fps=AUTO, *captions, **caption_options):
         # Names, sizes, mtimes and status-change times only (no file is read): cheap enough to run on every
         # queue, and any added, edited or re-captioned file makes ComfyUI run the node (and CacheLatents) again.
         try:
             return files_signature(build_spec(folders, resolution, repeats, aspect_ratios, extra_resolutions,
                                               bucket_multiple, video_frames, frame_stride, mask_folder,
-                                              control_folder, follow_links, target_fps))
+                                              control_folder, follow_links, target_fps, *captions,
+                                              **caption_options))
         except (DatasetError, OSError):
             return float("nan")  # never equal to itself: run the node, which reports the error
 
-    def load_and_report(self, folders, resolution, repeats, aspect_ratios="", extra_resolutions="",
-                        bucket_multiple=64, video_frames=0, frame_stride=1, mask_folder="", control_folder="",
-                        follow_links=False, target_fps=AUTO):
-        """What ComfyUI runs: load(), with the dataset report on the node (and in /history)."""
-        spec, lines, rows = describe(folders, resolution, repeats, aspect_ratios, extra_resolutions, bucket_multiple,
-                                     video_frames, frame_stride, mask_folder, control_folder, follow_links, target_fps)
+    def load_and_report(self, folders, resolution, repeats, *options, **named):
+        """What ComfyUI runs: load(), with the dataset report on the node (and in /history). options: the
+        optional inputs, as build_spec takes them."""
+        spec, lines, rows = describe(folders, resolution, repeats, *options, **named)
         return {"ui": {"text": lines, "pipetrain_report": report_rows(rows)}, "result": (spec,)}
 
-    def load(self, folders, resolution, repeats, aspect_ratios="", extra_resolutions="", bucket_multiple=64,
-             video_frames=0, frame_stride=1, mask_folder="", control_folder="", follow_links=False, target_fps=AUTO):
-        return (describe(folders, resolution, repeats, aspect_ratios, extra_resolutions, bucket_multiple, video_frames,
-                         frame_stride, mask_folder, control_folder, follow_links, target_fps)[0],)
+    def load(self, folders, resolution, repeats, *options, **named):
+        return (describe(folders, resolution, repeats, *options, **named)[0],)
 
 
-def describe(folders, resolution, repeats, *options) -> tuple[DatasetSpec, list[str], tuple]:
+def describe(folders, resolution, repeats, *options, **named) -> tuple[DatasetSpec, list[str], tuple]:
     """Build and scan the dataset; log its report. Returns (spec, the report's lines, its rows by reason)."""
-    spec = build_spec(folders, resolution, repeats, *options)
+    spec = build_spec(folders, resolution, repeats, *options, **named)
     result = scan(spec)
     notes = folder_line_notes(folders, _input_dir())
     for warning in (*result.warnings, *notes):
@@ -221,6 +250,8 @@ def describe(folders, resolution, repeats, *options) -> tuple[DatasetSpec, list[
         lines.append(pair_report(spec, result.pair_counts))
     if spec.bucketed:
         lines.append(f"samples per training size: {bucket_report(spec, result.items)}")
+    if options_summary(spec):
+        lines.append(options_summary(spec))
     for line in lines:
         log.info("PipeTrain LoadDataset: %s", line)
     rows = result.report + ((("folder_line", len(notes), tuple(notes[:EXAMPLES_SHOWN])),) if notes else ())

@@ -24,13 +24,16 @@ Per item, the tensor names are:
                   batch dim removed; "cond.reference_latents.N": the raw VAE latents of the item's
                   control images (what ComfyUI's ReferenceLatent node adds; engine/train/conditioning.py
                   turns the flat keys back into the list extra_conds takes);
+    "caption.<k>.cross_attn", "caption.<k>.<key>" (k >= 1): the caption's other encodings (LoadDataset's
+                  tag_shuffles and caption_lines; engine/cache/caption_store.py), read only when picked;
     "loss_mask"   [1,(1,)h,w]: the item's loss weights at latent size (mask_folder,
                   engine/data/pairs.py); absent = unmasked. Not conditioning: the objective
                   multiplies the loss by it.
 and its metadata strings: source, caption, repeats, cond_none (extras whose value was None:
 models' extra_conds read e.g. kwargs["pooled_output"] unconditionally, so the key must survive),
 cond_json (other JSON-able extras), cond_unbatched (tensor extras stored as-is because they had no
-leading batch dim of 1).
+leading batch dim of 1), and with caption variants caption_variants / caption_lines (VARIANTS_META).
+With caption_dropout, <fingerprint>/empty_caption.safetensors holds the empty caption's encoding.
 
 Format 1 (one file per item, every item listed in manifest.json: engine/cache/legacy.py) is still
 read. A crash or Cancel leaves only whole shards behind (the items encoded since the last shard are
@@ -52,6 +55,7 @@ from typing import Any, Iterable, Mapping
 import torch
 from safetensors import safe_open
 
+from ..data.caption_variants import caption_options
 from ..data.frame_rates import sampling_fps
 from ..data.images import PREPROCESS_VERSION
 from ..data.pairs import MASK_VERSION
@@ -61,6 +65,10 @@ CACHE_FORMAT_VERSION = 2  # 1: one file per item (engine/cache/legacy.py); 2: sh
 CACHE_FOLDER = ".pipetrain_cache"  # hidden, so the dataset scan never lists it
 MANIFEST = "manifest.json"
 LOSS_MASK = "loss_mask"  # an item's loss weights at latent size (a tensor next to "latent")
+# a caption's other encodings (shuffled tag orders, other lines): tensors "caption.<k>.cross_attn" and
+# "caption.<k>.<extra>", k from 1 (0 is "cond."), their metadata strings in the item's "caption_variants"
+# (JSON list: caption, cond_none, cond_json, cond_unbatched), and "caption_lines" (encodings per file line)
+VARIANT_PREFIX, VARIANTS_META, LINES_META = "caption", "caption_variants", "caption_lines"
 _FINGERPRINT_RE = re.compile(r"^[0-9a-f]{16}$")
 
 
@@ -113,6 +121,9 @@ def fingerprint(spec: DatasetSpec, scan_items: Iterable[DatasetItem], encoder_id
     if spec.mask_folder or spec.control_folder:  # only then: caches without them keep their fingerprint
         h.update(json.dumps({"mask_folder": bool(spec.mask_folder), "control_folder": bool(spec.control_folder),
                              "mask_version": MASK_VERSION}).encode())
+    if caption_options(spec):  # prefix, lines, shuffles: what is encoded. Only when set, as above; caption_dropout
+        # is left out: it changes which encoding a step takes, not what is stored
+        h.update(json.dumps(caption_options(spec), sort_keys=True).encode("utf-8", "surrogateescape"))
     for item in scan_items:
         caption = "\0none" if item.caption is None else item.caption
         digest = (digests or {}).get(item.path)
@@ -143,7 +154,8 @@ frame rate its clip is sampled at). The same key in
     instead of encoded. The preprocessing and mask versions are part of it: a change to how files
     become pixels re-encodes."""
     fields = {k: v for k, v in vars(item).items() if k not in ("path", "repeats")}  # nested dataclasses: their repr
-    versions = {"preprocess": PREPROCESS_VERSION, "mask": MASK_VERSION, **(_frame_rate(spec) if item.frames else {})}
+    versions = {"preprocess": PREPROCESS_VERSION, "mask": MASK_VERSION, **(_frame_rate(spec) if item.frames else {}),
+                **caption_options(spec)}
     made_of = [relative_source(spec, item.path), list(size), fields, versions] + ([digest] if digest else [])
     return hashlib.sha256(json.dumps(made_of, sort_keys=True, default=repr).encode("utf-8", "surrogateescape")
                           ).hexdigest()[:32]
@@ -177,12 +189,34 @@ def _json_able(value: Any) -> bool:
 
 
 def pack_item(latent: torch.Tensor, cond_tensor: torch.Tensor, cond_extras: Mapping[str, Any], source: str,
-              caption: str, repeats: int, loss_mask: torch.Tensor | None = None
-              ) -> tuple[dict[str, torch.Tensor], dict[str, str], list[str]]:
-    """(tensors, metadata strings, extras keys that could not be stored) of one item (module doc)."""
+              caption: str, repeats: int, loss_mask: torch.Tensor | None = None, variants: tuple = (),
+              lines: tuple[int, ...] = ()) -> tuple[dict[str, torch.Tensor], dict[str, str], list[str]]:
+    """(tensors, metadata strings, extras keys that could not be stored) of one item (module doc).
+    variants: (cond tensor, caption extras, text) of the caption's other encodings (engine/cache/caption_store.py),
+    lines: how many of all the encodings (the main one first) belong to each line of the caption file."""
     tensors = {"latent": _unbatch("VAE latent", latent), "cond.cross_attn": _unbatch("text conditioning", cond_tensor)}
     if loss_mask is not None:
         tensors[LOSS_MASK] = _unbatch("loss mask", loss_mask).float()
+    metadata, skipped = pack_cond(tensors, "cond", cond_extras)
+    for k, (v_cond, v_extras, text) in enumerate(variants, start=1):
+        prefix = f"{VARIANT_PREFIX}.{k}"
+        tensors[f"{prefix}.cross_attn"] = _unbatch("text conditioning", v_cond)
+        v_meta, v_skipped = pack_cond(tensors, prefix, v_extras)
+        metadata.setdefault(VARIANTS_META, []).append({"caption": text, **v_meta})
+        skipped += [s for s in v_skipped if s not in skipped]
+    if variants:
+        metadata[VARIANTS_META] = json.dumps(metadata[VARIANTS_META])
+        metadata[LINES_META] = json.dumps(list(lines or (len(variants) + 1,)))
+    # safetensors needs contiguous CPU tensors that own their storage (slices share it)
+    tensors = {k: v.detach().to("cpu").contiguous().clone() for k, v in tensors.items()}
+    metadata = {"source": source, "caption": caption, "repeats": str(int(repeats)), **metadata}
+    return tensors, metadata, skipped
+
+
+def pack_cond(tensors: dict[str, torch.Tensor], prefix: str, cond_extras: Mapping[str, Any]
+              ) -> tuple[dict[str, str], list[str]]:
+    """Put one encoding's tensor extras into `tensors` as <prefix>.<key>; returns its metadata strings
+    (cond_none, cond_json, cond_unbatched) and the keys that could not be stored."""
     none_keys, json_extras, unbatched, skipped = [], {}, [], []
     for key in sorted(cond_extras):
         value = cond_extras[key]
@@ -190,9 +224,9 @@ def pack_item(latent: torch.Tensor, cond_tensor: torch.Tensor, cond_extras: Mapp
             raise CacheError("the conditioning extras contain 'cross_attn', which is reserved for the main tensor.")
         if isinstance(value, torch.Tensor):
             if value.ndim >= 1 and value.shape[0] == 1:
-                tensors[f"cond.{key}"] = value[0]
+                tensors[f"{prefix}.{key}"] = value[0]
             else:
-                tensors[f"cond.{key}"] = value
+                tensors[f"{prefix}.{key}"] = value
                 unbatched.append(key)
         elif value is None:
             none_keys.append(key)
@@ -200,12 +234,8 @@ def pack_item(latent: torch.Tensor, cond_tensor: torch.Tensor, cond_extras: Mapp
             json_extras[key] = value
         else:
             skipped.append(key)
-    # safetensors needs contiguous CPU tensors that own their storage (slices share it)
-    tensors = {k: v.detach().to("cpu").contiguous().clone() for k, v in tensors.items()}
-    metadata = {"source": source, "caption": caption, "repeats": str(int(repeats)),
-                "cond_none": json.dumps(none_keys), "cond_json": json.dumps(json_extras),
-                "cond_unbatched": json.dumps(unbatched)}
-    return tensors, metadata, skipped
+    return {"cond_none": json.dumps(none_keys), "cond_json": json.dumps(json_extras),
+            "cond_unbatched": json.dumps(unbatched)}, skipped
 
 
 def read_safetensors(path: str | os.PathLike) -> tuple[dict[str, str], dict[str, torch.Tensor]]:
@@ -224,16 +254,18 @@ def unpack_extras(tensors: Mapping[str, torch.Tensor], prefix: str, none_keys: s
     return extras
 
 
-def restore_cond(tensors: Mapping[str, torch.Tensor], meta: Mapping[str, str]) -> tuple[torch.Tensor, dict[str, Any]]:
-    """An item's conditioning as ComfyUI returned it (batch dim restored): pack_item's inverse.
+def restore_cond(tensors: Mapping[str, torch.Tensor], meta: Mapping[str, str],
+                 prefix: str = "cond") -> tuple[torch.Tensor, dict[str, Any]]:
+    """An item's conditioning as ComfyUI returned it (batch dim restored): pack_item's inverse. prefix:
+    "cond" (the main encoding) or "<VARIANT_PREFIX>.<k>" with that variant's metadata strings as `meta`.
 
     CacheLatents uses it to give a repeated caption the stored encoding instead of keeping
     every distinct caption's tensors in memory (T5/LLM conds are megabytes each).
     """
     unbatched = set(json.loads(meta.get("cond_unbatched", "[]")))
-    extras = unpack_extras(tensors, "cond", meta.get("cond_none", "[]"), meta.get("cond_json", "{}"))
+    extras = unpack_extras(tensors, prefix, meta.get("cond_none", "[]"), meta.get("cond_json", "{}"))
     extras = {k: (v.unsqueeze(0) if torch.is_tensor(v) and k not in unbatched else v) for k, v in extras.items()}
-    return tensors["cond.cross_attn"].unsqueeze(0), extras
+    return tensors[f"{prefix}.cross_attn"].unsqueeze(0), extras
 
 
 def shapes_bucket(shapes: Mapping[str, Iterable[int]]) -> str:
@@ -241,9 +273,20 @@ def shapes_bucket(shapes: Mapping[str, Iterable[int]]) -> str:
 
     Same latent size AND same caption token length (and mask/extra shapes): batches are stacked,
     never padded, because padded text masks break several models (MODEL-NOTES.md item 7). The loss
-    mask is left out: its shape follows the latent's, and masked and unmasked items may share a batch.
+    mask is left out: its shape follows the latent's, and masked and unmasked items may share a batch. So
+    are caption variants shaped like the main encoding (_same_as_main).
     """
-    return " ".join(f"{k}={'x'.join(str(d) for d in shapes[k])}" for k in sorted(shapes) if k != LOSS_MASK)
+    return " ".join(f"{k}={'x'.join(str(d) for d in shapes[k])}" for k in sorted(shapes)
+                    if k != LOSS_MASK and not _same_as_main(k, shapes))
+
+
+def _same_as_main(name: str, shapes: Mapping[str, Iterable[int]]) -> bool:
+    """A caption variant's tensor of the shape of the main encoding's: any variant of such items may share a
+    batch with any other, so it does not split buckets (one whose shape differs does)."""
+    if not name.startswith(VARIANT_PREFIX + "."):
+        return False
+    main = "cond." + name.split(".", 2)[2]
+    return main in shapes and list(shapes[main]) == list(shapes[name])
 
 
 def cond_keys_of(tensor_names: Iterable[str], meta: Mapping[str, str]) -> list[str]:

@@ -8,7 +8,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from .format import CacheSpec, read_manifest
+from .caption_store import has_empty_caption, read_empty_caption, read_variant, swap_caption
+from .format import CacheError, CacheSpec, read_manifest
 from .legacy import LegacyItems
 from .shards import ShardedItems
 
@@ -26,6 +27,11 @@ class CachedDataset:
         else:
             self._store = ShardedItems(self.cache_dir, self.manifest)
         self._repeats = None
+        self._empty = None
+        if self.caption_dropout and not has_empty_caption(self.cache_dir):  # refused at open: before any step
+            raise CacheError(f"cache {cache_dir} is set to caption_dropout {self.caption_dropout} but holds no "
+                             "encoding of the empty caption: run CacheLatents again (it encodes only that, once), or set "
+                             "LoadDataset's caption_dropout to 0 and run it.")
 
     @property
     def fingerprint(self) -> str:
@@ -67,6 +73,28 @@ class CachedDataset:
         if not 0 <= i < len(self):
             raise IndexError(f"item {i} of a cache of {len(self)}")
         return self._store.item(i)
+
+    @property
+    def caption_dropout(self) -> float:
+        """LoadDataset's caption_dropout this cache was made with (training reads it here; 0 = off)."""
+        return float((self.manifest.get("dataset") or {}).get("caption_dropout", 0.0))
+
+    def caption_lines(self, i: int) -> list[int]:
+        """Item i's caption encodings per line of its caption file: [1] = its own only
+        (engine/cache/caption_store.py)."""
+        lines = getattr(self._store, "caption_lines", None)  # format 1 caches hold one encoding per item
+        return lines(i) if lines is not None else [1]
+
+    def with_caption(self, i: int, k: int) -> dict[str, Any]:
+        """Item i with its caption encoding k (0: the item as stored)."""
+        item = self[i]
+        return item if k == 0 else swap_caption(item, *read_variant(*self._store.caption_variant(i, k), k))
+
+    def with_empty_caption(self, item: dict[str, Any]) -> dict[str, Any]:
+        """The item trained with the empty caption (caption_dropout)."""
+        if self._empty is None:
+            self._empty = read_empty_caption(self.cache_dir)
+        return swap_caption(item, *self._empty, "")
 
     def spec(self) -> CacheSpec:
         return CacheSpec(str(self.cache_dir), self.fingerprint, len(self), self.latent_shape)

@@ -28,8 +28,10 @@ from ..config.run import write_text_atomic
 from ..data.scan import DatasetSpec
 from .format import (
     CACHE_FORMAT_VERSION,
+    LINES_META,
     LOSS_MASK,
     MANIFEST,
+    VARIANT_PREFIX,
     CacheError,
     cond_keys_of,
     shapes_bucket,
@@ -126,9 +128,12 @@ class OpenShards:
                 self._open.popitem(last=False)
         return self._open[key]
 
-    def tensors(self, path: str | os.PathLike, index: int) -> dict[str, torch.Tensor]:
+    def tensors(self, path: str | os.PathLike, index: int,
+                keep: Callable[[str], bool] | None = None) -> dict[str, torch.Tensor]:
+        """An item's tensors (keep: only the names it accepts; None: all). Unkept ones are not read."""
         handle, names, _ = self._entry(path)
-        return {name.split("/", 1)[1]: handle.get_tensor(name) for name in names.get(index, [])}
+        named = ((name, name.split("/", 1)[1]) for name in names.get(index, []))
+        return {short: handle.get_tensor(name) for name, short in named if keep is None or keep(short)}
 
     def meta(self, path: str | os.PathLike, index: int) -> dict[str, str]:
         entry = self._entry(path)
@@ -363,7 +368,22 @@ class ShardedItems:
         return out
 
     def _tensors(self, path: Path, index: int) -> dict[str, torch.Tensor]:
-        return self._shards.tensors(path, index)
+        # the caption's other encodings are read only when picked (caption_variant)
+        return self._shards.tensors(path, index, lambda name: not name.startswith(VARIANT_PREFIX + "."))
+
+    def caption_lines(self, i: int) -> list[int]:
+        """How many caption encodings item i holds per line of its caption file ([1]: only its own)."""
+        row = self.table[i]
+        meta = self._shards.meta(self.cache_dir / SHARDS / row["shard"], row["index"])
+        return json.loads(meta.get(LINES_META, "[1]"))
+
+    def caption_variant(self, i: int, k: int) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+        """(tensors, metadata) of item i holding only its caption encoding k >= 1 (caption_store.read_variant)."""
+        row = self.table[i]
+        path = self.cache_dir / SHARDS / row["shard"]
+        part = f"{VARIANT_PREFIX}.{k}."
+        return (self._shards.tensors(path, row["index"], lambda name: name.startswith(part)),
+                self._shards.meta(path, row["index"]))
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "_shards": OpenShards()}  # open files do not travel to other processes

@@ -22,21 +22,24 @@ from typing import Any
 
 import torch
 
+from ..data.caption_variants import spec_caption_texts
 from ..data.images import ImageReadError, describe_error
 from ..data.scan import DatasetItem, DatasetSpec, cache_entries, relative_source
 from ..data.scan_memo import validate_once
 from ..data.video import VideoReadError
+from .caption_store import has_empty_caption, stored_encoding, write_empty_caption
 from .digests import content_digests
 from .format import (
     CACHE_FOLDER,
+    LINES_META,
     MANIFEST,
+    VARIANTS_META,
     CacheError,
     CacheSpec,
     cache_dir_for,
     fingerprint,
     item_key,
     pack_item,
-    restore_cond,
 )
 from .items import (
     ItemOptions,
@@ -59,11 +62,12 @@ from .shards import (
 FAILURES_SHOWN = 5
 
 
-def find_trusted_cache(dataset: DatasetSpec, identity: dict) -> CacheSpec | None:
+def find_trusted_cache(dataset: DatasetSpec, identity: dict, to_copy: bool = False) -> CacheSpec | None:
     """The newest complete cache for these encoders and dataset settings, found without touching the
-    dataset's files (only the cache folder's manifests are read)."""
+    dataset's files (only the cache folder's manifests are read). to_copy: a cache to copy items from,
+    whose caption_dropout may differ (it changes no stored tensor; a trusted cache trains with its own)."""
     root = os.path.join(dataset.folders[0].path, CACHE_FOLDER)
-    want_dataset = json.loads(json.dumps(dataset.to_dict()))
+    want_dataset = _settings(dataset.to_dict(), to_copy)
     want_encoders = json.loads(json.dumps(identity, default=str))
     best = None
     for name in (os.listdir(root) if os.path.isdir(root) else []):
@@ -71,11 +75,20 @@ def find_trusted_cache(dataset: DatasetSpec, identity: dict) -> CacheSpec | None
             ds = CachedDataset(os.path.join(root, name))
         except (CacheError, OSError, KeyError):
             continue  # incomplete or damaged: not trusted
-        if ds.manifest.get("dataset") == want_dataset and ds.manifest.get("encoders") == want_encoders:
+        same = _settings(ds.manifest.get("dataset"), to_copy) == want_dataset
+        if same and ds.manifest.get("encoders") == want_encoders:
             mtime = os.path.getmtime(os.path.join(root, name, "manifest.json"))
             if best is None or mtime > best[0]:
                 best = (mtime, ds.spec())
     return None if best is None else best[1]
+
+
+def _settings(dataset: dict | None, to_copy: bool) -> dict | None:
+    """A manifest's dataset settings as find_trusted_cache compares them (JSON round trip: tuples are lists)."""
+    out = json.loads(json.dumps(dataset))
+    if to_copy and isinstance(out, dict):
+        out.pop("caption_dropout", None)
+    return out
 
 
 def previous_items(dataset: DatasetSpec, identity: dict, cache_dir) -> dict[str, tuple[str, int | None]]:
@@ -86,7 +99,7 @@ def previous_items(dataset: DatasetSpec, identity: dict, cache_dir) -> dict[str,
     items whose files did not change are copied from the previous cache instead of encoded again
     (their tensors are read and written once: disk I/O, no encoder call).
     """
-    old = None if (Path(cache_dir) / MANIFEST).is_file() else find_trusted_cache(dataset, identity)
+    old = None if (Path(cache_dir) / MANIFEST).is_file() else find_trusted_cache(dataset, identity, to_copy=True)
     if old is None:  # this cache is complete already (only repeats changed), or there is no other
         return {}
     return CachedDataset(old.cache_dir).previous()
@@ -108,15 +121,17 @@ def write_error(dataset: DatasetSpec, e: OSError) -> CacheError:
 
 def write_item(target, index: int, latent: torch.Tensor, cond_tensor: torch.Tensor,
                cond_extras: Mapping[str, Any], source: str, caption: str, repeats: int,
-               loss_mask: torch.Tensor | None = None) -> list[str]:
+               loss_mask: torch.Tensor | None = None, variants: tuple = (), lines: tuple[int, ...] = ()) -> list[str]:
     """Store one item. Tensors are passed as ComfyUI returns them (batch of 1); loss_mask likewise
     ([1, 1, (1,) h, w]). target: a ShardWriter (what CacheLatents writes through: the
-    item joins its next shard), or a folder (a format 1 item file, written atomically).
+    item joins its next shard), or a folder (a format 1 item file, written atomically). variants, lines:
+    the caption's other encodings (pack_item), given only with LoadDataset's caption options.
 
     Returns the extras keys that could not be stored (neither tensor, None nor JSON); the
     caller decides how loudly to report them.
     """
-    tensors, metadata, skipped = pack_item(latent, cond_tensor, cond_extras, source, caption, repeats, loss_mask)
+    tensors, metadata, skipped = pack_item(latent, cond_tensor, cond_extras, source, caption, repeats, loss_mask,
+                                           variants, lines)
     if isinstance(target, (str, os.PathLike)):
         save_item_file(target, index, tensors, metadata)
     else:
@@ -209,6 +224,8 @@ def encode_shard(plan: CachePlan, vae, clip, rank: int = 0, world: int = 1, rege
         out = _encode_loop(plan, vae, clip, rank, world, options, write, check_cancel, progress,
                            (previous, ShardReader()), writer)
         writer.flush()
+        if rank == 0 and dataset.caption_dropout and not has_empty_caption(cache_dir):
+            write_empty_caption(cache_dir, clip)  # what caption_dropout trains with, once per cache
     except OSError as e:
         raise write_error(dataset, e) from e
     except BaseException:
@@ -225,25 +242,26 @@ def _encode_loop(plan: CachePlan, vae, clip, rank: int, world: int, options: Ite
                  writer: ShardWriter) -> ShardResult:
     # identical captions are encoded once per rank; later ones copy the first item's stored
     # conditioning from disk rather than keeping every caption's tensors in memory (keys: digests)
-    caption_item: dict[bytes, int] = {}
+    caption_item: dict[bytes, tuple[int, int]] = {}  # text digest -> (item, which of its encodings)
     out = ShardResult()
     skipped: set[str] = set()
     for index in range(rank, len(plan.entries), world):
         item, size = plan.entries[index]
         if check_cancel is not None:  # finished items are already on disk, so the next run resumes
             check_cancel()
-        key = _digest(item.caption or "")
+        texts = spec_caption_texts(plan.dataset, item.caption)  # per caption line, its orders
+        keys = [_digest(text) for line in texts for text in line]
         if writer.done(index):
             out.reused += 1
-            caption_item.setdefault(key, index)  # its stored cond serves this caption
+            _stored_at(caption_item, keys, index)  # its stored conds serve these captions
         elif _copy_previous(previous, plan, index, writer):
             out.copied += 1  # unchanged file: the previous cache's tensors, read and written again
-            caption_item.setdefault(key, index)
+            _stored_at(caption_item, keys, index)
         else:
-            message = _encode_one(plan, vae, clip, index, item, size, caption_item.get(key), options,
-                                  write, skipped, writer)
+            message = _encode_one(plan, vae, clip, index, item, size, [caption_item.get(k) for k in keys], texts,
+                                  options, write, skipped, writer)
             if message is None:
-                caption_item.setdefault(key, index)
+                _stored_at(caption_item, keys, index)
                 out.encoded += 1
             else:
                 out.fail(message)
@@ -252,6 +270,11 @@ def _encode_loop(plan: CachePlan, vae, clip, rank: int, world: int, options: Ite
     out.captions = len(caption_item)
     out.skipped_keys = sorted(skipped)
     return out
+
+
+def _stored_at(caption_item: dict[bytes, tuple[int, int]], keys: list[bytes], index: int) -> None:
+    for k, key in enumerate(keys):
+        caption_item.setdefault(key, (index, k))
 
 
 def _digest(caption: str) -> bytes:
@@ -271,15 +294,16 @@ def _copy_previous(previous: tuple[dict, ShardReader], plan: CachePlan, index: i
     except Exception:  # noqa: BLE001 - deleted or damaged meanwhile: encode it instead
         return False
     writer.add(index, tensors, {k: meta[k] for k in ("source", "caption", "repeats", "cond_none", "cond_json",
-                                                      "cond_unbatched") if k in meta})
+                                                      "cond_unbatched", VARIANTS_META, LINES_META) if k in meta})
     return True
 
 
-def _encode_one(plan: CachePlan, vae, clip, index: int, item: DatasetItem, size, seen: int | None,
+def _encode_one(plan: CachePlan, vae, clip, index: int, item: DatasetItem, size, seen: list, texts: list[list[str]],
                 options: ItemOptions, write, skipped: set[str], writer: ShardWriter) -> str | None:
     """Encode and write one item; returns why it failed to decode, or None when it was written.
-    seen: the index of an item written with the same caption (its conditioning is reused), or None."""
-    dataset, caption = plan.dataset, item.caption or ""
+    texts: per caption line, the texts to encode (engine/data/caption_variants.py); seen: per text (all lines
+    in order), (item, encoding) already written with that text (its conditioning is reused), or None."""
+    dataset = plan.dataset
     try:
         pixels, control = load_pixels(dataset, item, size)
     except (ImageReadError, VideoReadError) as e:  # passed the scan but fails to decode fully (e.g. damaged pixel data)
@@ -292,12 +316,14 @@ def _encode_one(plan: CachePlan, vae, clip, index: int, item: DatasetItem, size,
             raise CacheError(f"the VAE encoded the video {item.path} as {latent.shape[0]} separate images "
                              f"(latent {tuple(latent.shape)}): it is an image VAE. Connect the VAE of a video "
                              "model (Wan, HunyuanVideo, LTXV...), or set LoadDataset's video_frames to 0.")
-        if seen is not None:
-            cond, extras = restore_cond(*writer.stored(seen))
-        else:
-            cond, extras = caption_cond(clip, caption)
+        flat = [text for line in texts for text in line]
+        encodings = [stored_encoding(*writer.stored(at[0]), at[1]) if at is not None else caption_cond(clip, text)
+                     for text, at in zip(flat, seen)]
+        cond, extras = encodings[0]
         extras = {k: v for k, v in extras.items() if not per_item(k)}  # per item, not per caption
         extras.update(options.extras(vae, item, pixels, latent, control))
+        more = {"variants": tuple((c, e, t) for (c, e), t in zip(encodings[1:], flat[1:])),
+                "lines": tuple(len(line) for line in texts)} if len(flat) > 1 else {}
     try:
         # a mask failing to decode after passing the scan skips the item (engine/data/pairs.py policy)
         mask = loss_mask_tensor(item, size, latent) if item.mask else None
@@ -305,7 +331,7 @@ def _encode_one(plan: CachePlan, vae, clip, index: int, item: DatasetItem, size,
         return str(e)
     try:
         skipped.update(write(writer, index, latent, cond, extras, safe_text(relative_source(dataset, item.path)),
-                             caption, item.repeats, loss_mask=mask))
+                             flat[0], item.repeats, loss_mask=mask, **more))
     except OSError as e:
         raise write_error(dataset, e) from e
     return None

@@ -36,6 +36,7 @@ from PIL import Image
 
 from . import frame_rates as fr
 from .buckets import bucket_sizes, merged_buckets_notice, nearest_bucket
+from .caption_variants import check_caption_options
 from .captions import MAX_CAPTION_CHARS, read_caption
 from .folders import (
     caption_lookalikes,
@@ -102,12 +103,21 @@ class DatasetSpec:
     # clips' frames picked by timestamp at this rate; 0 = every frame_stride-th source frame; "auto" = the
     # video model's rate, which CacheLatents sets from its VAE (engine/data/frame_rates.py)
     target_fps: float | str = 0.0
+    # what is encoded of each caption (engine/data/caption_variants.py), and how often training drops it
+    caption_prefix: str = ""  # put before every caption (a trigger word), as typed
+    caption_lines: bool = False  # each line of a caption file is a caption; one is picked per epoch
+    tag_shuffles: int = 0  # shuffled tag orders cached per caption; 0 = tags keep their order
+    keep_tokens: int = 0  # leading tags that stay in place when shuffled
+    caption_dropout: float = 0.0  # share of samples trained with the empty caption (not in the fingerprint)
 
     def to_dict(self) -> dict[str, Any]:
         # optional settings only when set: the dicts of older specs stay equal (trust_cache compares them)
         pairs = {k: v for k, v in (("mask_folder", self.mask_folder), ("control_folder", self.control_folder),
                                    ("follow_links", self.follow_links),
-                                   ("target_fps", self.video_frames and self.target_fps)) if v}
+                                   ("target_fps", self.video_frames and self.target_fps),
+                                   ("caption_prefix", self.caption_prefix), ("caption_lines", self.caption_lines),
+                                   ("tag_shuffles", self.tag_shuffles), ("keep_tokens", self.keep_tokens),
+                                   ("caption_dropout", self.caption_dropout)) if v}
         return {"folders": [f.to_dict() for f in self.folders], "resolution": self.resolution,
                 "caption_ext": self.caption_ext, "version": self.version, "aspect_ratios": list(self.aspect_ratios),
                 "extra_resolutions": list(self.extra_resolutions), "bucket_multiple": self.bucket_multiple,
@@ -165,6 +175,8 @@ class DatasetSpec:
         if not (isinstance(self.frame_stride, int) and 1 <= self.frame_stride <= 100):
             raise DatasetError(f"frame_stride is {self.frame_stride}: use a whole number from 1 (every frame) to 100.")
         fr.check_target_fps(self.target_fps)
+        check_caption_options(self.caption_prefix, self.caption_lines, self.tag_shuffles, self.keep_tokens,
+                              self.caption_dropout)
         if any(not (0 < a < 100) for a in self.aspect_ratios):
             raise DatasetError(f"aspect_ratios {list(self.aspect_ratios)}: every ratio must be a positive width/height.")
         if not isinstance(self.follow_links, bool):

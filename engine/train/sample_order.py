@@ -19,6 +19,8 @@ from typing import Any
 
 import torch
 
+from .caption_picks import pick_items
+
 
 class SampleStream:
     def __init__(self, repeats: list[int], seed: int, buckets: list[str] | None = None, batch: int = 1):
@@ -75,8 +77,9 @@ def steps_for_epochs(epochs: float, samples_per_epoch: int, samples_per_step: in
 
 
 def collate(dataset, stream: SampleStream, positions: list[int], device: torch.device) -> tuple[torch.Tensor, list[dict[str, Any]], list[int]]:
-    """Load the samples at these stream positions: (latents [B,...], conds, sample ids)."""
-    latents, conds = batch_items([dataset[stream.item_at(p)] for p in positions], device)
+    """Load the samples at these stream positions, each with the caption it trains with (caption_picks):
+    (latents [B,...], conds, sample ids)."""
+    latents, conds = batch_items(pick_items(dataset, stream, positions), device)
     return latents, conds, positions
 
 
