@@ -1,7 +1,9 @@
 """events.jsonl: the engine's one-way report to whoever launched it (the node, or a shell user).
 
 One JSON object per line, appended and flushed by rank 0 only. Kinds: started, step, sampling,
-sample, saved, checkpoint, warning, cancelled, done, error. The reader side (`EventTail`) is used
+sample, saved, checkpoint, warning, cancelled, done, error. A step carries its loss, lr and grad_norm
+(the LoRA's gradient norm before clipping, engine/train/grad_norm.py); saved and done name the EMA
+file too when train.ema_decay keeps one (ema_path, lora_ema). The reader side (`EventTail`) is used
 by the node that tails a running engine; it only ever returns complete lines. `read_events` and
 `history` read a whole run back (the run-dir reader nodes), `iter_events` one event at a time (the
 UI's snapshot after a page reload).

@@ -32,6 +32,7 @@ class RunResult:
     final_loss: float
     model_name: str
     status: str  # "done" or "cancelled"
+    ema_path: str = ""  # the EMA of lora_path's weights (train.ema_decay), "" when the run kept none
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -139,5 +140,6 @@ def resumed_objective(run_dir: Path) -> ObjectiveSpec:
 
 def summary_text(result: RunResult) -> str:
     verb = "trained" if result.status == "done" else "stopped (cancelled) at"
+    ema = f"\nEMA LoRA: {result.ema_path}" if result.ema_path else ""
     return (f"{result.run_name}: {verb} {result.steps}/{result.total_steps} steps, final loss "
-            f"{result.final_loss:.4f}\nLoRA: {result.lora_path}\nrun folder: {result.run_dir}")
+            f"{result.final_loss:.4f}\nLoRA: {result.lora_path}{ema}\nrun folder: {result.run_dir}")

@@ -6,11 +6,14 @@ import os
 from pathlib import Path, PurePosixPath
 
 from ..engine.config.checks import ConfigError, invisible_characters, portable_name_problem
+from ..engine.lora_files import ema_file
 from ..engine.version import __version__
 from . import compat
 from .types import RUN
 
 SUBFOLDER = "pipetrain"
+PLAIN, EMA = "plain", "ema"
+WEIGHTS = (PLAIN, EMA)  # which of a run's LoRA files SaveLoRA copies
 
 
 def safe_lora_target(loras_root: str, name: str) -> Path:
@@ -69,6 +72,22 @@ def check_save_names(prompt: dict | None, train_node: str | None) -> None:
                               "SaveLoRA's overwrite to replace it. Nothing was trained.")
 
 
+def source_file(run, weights: str) -> Path:
+    """The run's LoRA file of the chosen weights (plain or ema), refused with the fix when it is missing."""
+    if weights not in WEIGHTS:
+        raise ConfigError(f"weights is {weights!r}: choose one of {', '.join(WEIGHTS)}.")
+    if weights == EMA:
+        source = Path(getattr(run, "ema_path", "") or ema_file(run.lora_path))
+        if not source.is_file():
+            raise ConfigError(f"run {run.run_name!r} kept no EMA weights ({source.name} is not in its lora folder): "
+                              "set weights to 'plain', or train with Train Pipeline's ema_decay above 0 (e.g. 0.999).")
+        return source
+    source = Path(run.lora_path)
+    if not source.is_file():
+        raise ConfigError(f"the run's LoRA file {source} is missing: was the run folder deleted? Train again.")
+    return source
+
+
 def _file_bytes(tensors: dict, metadata: dict) -> bytes:
     from safetensors.torch import save
 
@@ -77,8 +96,9 @@ def _file_bytes(tensors: dict, metadata: dict) -> bytes:
 
 class PipeTrainSaveLoRA:
     CATEGORY = "PipeTrain"
-    DESCRIPTION = ("Copy the trained LoRA to models/loras/pipetrain/<name>.safetensors (listed by LoraLoader) and, "
-                   "when a MODEL is connected, output it with the LoRA applied for a test sampler.")
+    DESCRIPTION = ("Copy the trained LoRA (or the EMA of its weights) to models/loras/pipetrain/<name>.safetensors "
+                   "(listed by LoraLoader) and, when a MODEL is connected, output it with the LoRA applied for a test "
+                   "sampler.")
     RETURN_TYPES = ("MODEL", "STRING")
     RETURN_NAMES = ("model", "lora_name")
     FUNCTION = "save"
@@ -99,16 +119,19 @@ class PipeTrainSaveLoRA:
                 "model": ("MODEL", {"tooltip": "Optional: the base MODEL to apply the new LoRA to, for testing."}),
                 "strength": ("FLOAT", {"default": 1.0, "min": -10.0, "max": 10.0, "step": 0.05, "tooltip":
                              "LoRA strength used for the MODEL output."}),
+                # Saved UI workflows store widget values by position: add new inputs at the end only.
+                "weights": (list(WEIGHTS), {"default": PLAIN, "tooltip":
+                            "Which weights to save: plain = the LoRA as trained at the last step; ema = their "
+                            "exponential moving average (needs Train Pipeline's ema_decay above 0), often smoother. "
+                            "Same file format either way."}),
             },
         }
 
-    def save(self, run, name, overwrite, model=None, strength=1.0):
+    def save(self, run, name, overwrite, model=None, strength=1.0, weights=PLAIN):
         from safetensors import safe_open
         from safetensors.torch import load_file
 
-        source = Path(run.lora_path)
-        if not source.is_file():
-            raise ConfigError(f"the run's LoRA file {source} is missing: was the run folder deleted? Train again.")
+        source = source_file(run, weights)
         loras_root = compat.first_folder("loras")
         target = safe_lora_target(loras_root, name)
         with safe_open(str(source), framework="pt") as f:
@@ -127,4 +150,5 @@ class PipeTrainSaveLoRA:
             os.replace(tmp, target)
         lora_name = os.path.relpath(target, Path(loras_root).resolve())
         out_model = compat.load_lora_onto_model(model, str(target), strength) if model is not None else None
-        return {"ui": {"text": [f"saved {lora_name}"]}, "result": (out_model, lora_name)}
+        shown = f"saved {lora_name}" + (" (EMA weights)" if weights == EMA else "")
+        return {"ui": {"text": [shown]}, "result": (out_model, lora_name)}

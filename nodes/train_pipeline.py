@@ -22,6 +22,7 @@ from ..engine.config.run import RunConfig
 from ..engine.config.sections import TrainSpec
 from ..engine.events import EventTail
 from ..engine.launch import launcher, run_lock
+from ..engine.lora_files import ema_file, is_ema_file
 from ..engine.sample_files import unsupported_reason
 from . import compat, ui_feed
 from .cluster import announce_other_nodes, cluster_input, launch_cluster
@@ -37,6 +38,7 @@ from .runs import (
     summary_text,
 )
 from .save_lora import check_save_names
+from .train_inputs import ema_inputs, eval_inputs, noise_range_inputs, sample_inputs
 from .train_samples import SampleDecoder, parse_prompts, sample_spec, write_prompt_file
 from .types import CACHE, LORA, MEMORY, OBJECTIVE, RUN
 
@@ -124,9 +126,9 @@ class PipeTrainTrainPipeline:
                             "auto = DeepSpeed when it is installed, else one plain PyTorch process (1 GPU; e.g. "
                             "Windows). plain works without DeepSpeed but only on one GPU."}),
                 "cluster": cluster_input(),
-                **_sample_inputs(),
-                **_eval_inputs(),  # later additions stay at the end: saved workflows store widgets by position
-                **_noise_range_inputs(),
+                **sample_inputs(),
+                **eval_inputs(),  # later additions stay at the end: saved workflows store widgets by position
+                **noise_range_inputs(),
                 "accept_changes": ("BOOLEAN", {"default": False, "tooltip":
                                    "Resume only: continue even though settings changed that make the run differ "
                                    "from an uninterrupted one (learning rate, LoRA alpha or dropout, dataset ...). "
@@ -137,6 +139,7 @@ class PipeTrainTrainPipeline:
                               "models, Flux's resolution-dependent shift, the loss (mse/huber/smooth_l1), min-SNR "
                               "and debiased weighting. Unconnected = their defaults (guidance 1, mse); a resumed run "
                               "keeps the ones it was trained with."}),
+                **ema_inputs(),
             },
             "hidden": {"unique_id": "UNIQUE_ID", "prompt": "PROMPT"},  # prompt: check_save_names
         }
@@ -147,8 +150,7 @@ class PipeTrainTrainPipeline:
               cluster=None, sample_prompts="", sample_negative="", sample_every=100, sample_width=512, sample_height=512,
               sample_steps=20, sample_cfg=1.0, sample_seed=0, sample_sampler="euler", sample_scheduler="simple",
               eval_cache=None, eval_every=100, eval_before_start=True, min_t=0.0, max_t=1.0, accept_changes=False,
-              objective=None, unique_id=None,
-              prompt=None):
+              objective=None, ema_decay=0.0, ema_start_step=0, unique_id=None, prompt=None):
         model_path = compat.full_path("diffusion_models", model_name) or compat.full_path("checkpoints", model_name)
         if not model_path:
             raise ConfigError(f"model_name {model_name!r} is not in ComfyUI's diffusion_models or checkpoints "
@@ -158,7 +160,8 @@ class PipeTrainTrainPipeline:
                           warmup_steps=warmup_steps, batch_size=batch_size, grad_accum=grad_accum, seed=seed,
                           save_every=save_every, checkpoint_every=checkpoint_every,
                           timestep_sampling=timestep_sampling, timestep_shift=float(timestep_shift),
-                          min_t=float(min_t), max_t=float(max_t))
+                          min_t=float(min_t), max_t=float(max_t), ema_decay=float(ema_decay),
+                          ema_start_step=int(ema_start_step))
         launch = LaunchSpec(num_gpus=num_gpus, gpu_ids=gpu_ids.strip().replace(" ", ""),
                             backend=launcher.resolve_backend(backend), cluster=launch_cluster(cluster))
         cfg = RunConfig(run_name=run_name.strip(), run_dir="", comfyui_root=compat.comfyui_root(),
@@ -199,69 +202,6 @@ class PipeTrainTrainPipeline:
             compat.free_accelerator_memory()
             return relay(cfg, str(config_path), cuda, model_name, node_id=unique_id, vae=vae if samples else None,
                          notice=notice)
-
-
-def _sample_inputs() -> dict:
-    """Optional inputs for samples during training (all off until sample_prompts has a line)."""
-    return {
-        "clip": ("CLIP", {"tooltip": "The graph's text encoder (the one given to CacheLatents); it encodes the "
-                                     "sample prompts before training starts. Needed only for samples."}),
-        "vae": ("VAE", {"tooltip": "The graph's VAE; it decodes the samples into images while training runs. "
-                                   "Needed only for samples."}),
-        "sample_prompts": ("STRING", {"default": "", "multiline": True, "tooltip":
-                           "Prompts to sample while training, one per line (empty = no samples). Each is rendered "
-                           "with the current LoRA every sample_every steps and at the end; the newest show on "
-                           "this node, all of them are kept in the run folder (samples/) and TensorBoard."}),
-        "sample_negative": ("STRING", {"default": "", "tooltip": "Negative prompt for the samples (used when "
-                                                                 "sample_cfg > 1)."}),
-        "sample_every": ("INT", {"default": 100, "min": 1, "max": 10_000_000, "tooltip":
-                         "Render the sample prompts every N training steps (and after the last step). Sampling "
-                         "pauses training on all GPUs while it runs."}),
-        "sample_width": ("INT", {"default": 512, "min": 16, "max": 8192, "step": 8, "tooltip":
-                         "Width of the sample images in pixels."}),
-        "sample_height": ("INT", {"default": 512, "min": 16, "max": 8192, "step": 8, "tooltip":
-                          "Height of the sample images in pixels."}),
-        "sample_steps": ("INT", {"default": 20, "min": 1, "max": 1000, "tooltip":
-                         "Sampler steps per sample image."}),
-        "sample_cfg": ("FLOAT", {"default": 1.0, "min": 0.0, "max": 100.0, "step": 0.1, "round": 0.01, "tooltip":
-                       "Classifier-free guidance for the samples: 1 = none (fastest; right for Flux-style "
-                       "distilled models); SD1.5/SDXL usually 5-7."}),
-        "sample_seed": ("INT", {"default": 0, "min": 0, "max": 2**31 - 1, "control_after_generate": False,
-                                "tooltip": "Noise seed of the samples; the same for every sampling, so the "
-                                           "images show what the LoRA changed."}),
-        "sample_sampler": (compat.sampler_names(), {"default": "euler", "tooltip":
-                           "ComfyUI sampler used for the samples (as in KSampler)."}),
-        "sample_scheduler": (compat.scheduler_names(), {"default": "simple", "tooltip":
-                             "ComfyUI scheduler used for the samples (as in KSampler)."}),
-    }
-
-
-def _eval_inputs() -> dict:
-    """Optional inputs for a held-out eval set (off until eval_cache is connected)."""
-    return {
-        "eval_cache": (CACHE, {"tooltip": "A held-out eval set: a second Cache Latents output (its own images, "
-                               "same VAE and CLIP). Its loss is measured with fixed noise at 5 fixed noise levels "
-                               "(quantiles 0.1-0.9 of this run's timestep distribution), comparable between runs; "
-                               "training is unchanged by it. Unconnected = no eval."}),
-        "eval_every": ("INT", {"default": 100, "min": 0, "max": 10_000_000, "tooltip":
-                       "Measure the eval loss every N training steps and after the last step (0 = only before "
-                       "the start, if eval_before_start). Needs eval_cache."}),
-        "eval_before_start": ("BOOLEAN", {"default": True, "tooltip":
-                              "Also measure the eval loss before the first step (the model without the new "
-                              "LoRA's training), the baseline the later evals compare with. Needs eval_cache."}),
-    }
-
-
-def _noise_range_inputs() -> dict:
-    """Optional inputs bounding the noise levels trained (Wan 2.2 A14B experts)."""
-    return {
-        "min_t": ("FLOAT", {"default": 0.0, "min": 0.0, "max": 1.0, "step": 0.005, "round": 0.0001, "tooltip":
-                  "Lowest noise level trained, 0-1 (for flow models the sigma, 1 = pure noise). Wan 2.2 A14B "
-                  "high-noise expert: min_t 0.875 (0.9 for the I2V expert), max_t 1. 0 = from clean."}),
-        "max_t": ("FLOAT", {"default": 1.0, "min": 0.0, "max": 1.0, "step": 0.005, "round": 0.0001, "tooltip":
-                  "Highest noise level trained, 0-1, above min_t. Wan 2.2 A14B low-noise expert: min_t 0, "
-                  "max_t 0.875 (0.9 for the I2V expert). 1 = up to pure noise."}),
-    }
 
 
 def eval_spec(eval_cache, cache, every: int, before_start: bool) -> EvalSpec:
@@ -350,9 +290,10 @@ def relay(cfg: RunConfig, config_path: str, cuda: bool, model_name: str, node_id
             f"Last lines of train.log:\n{launcher.log_tail(cfg.run_dir, 40)}")
     status = finished["event"]
     lora_path = finished.get("lora") or _newest_lora(cfg.run_dir)
+    ema_path = ema_file(lora_path) if lora_path and cfg.train.ema_decay > 0 else None
     result = RunResult(run_dir=cfg.run_dir, run_name=cfg.run_name, lora_path=lora_path, steps=int(last["step"]),
                        total_steps=int(last["total"]), final_loss=float(last["loss"]), model_name=model_name,
-                       status=status)
+                       status=status, ema_path=str(ema_path) if ema_path and ema_path.is_file() else "")
     text = summary_text(result)
     feed.status(status)
     ui = {"text": [text]}
@@ -387,7 +328,8 @@ def _cancel(proc, run_dir: str) -> None:
 
 
 def _newest_lora(run_dir: str) -> str:
-    files = sorted((Path(run_dir) / "lora").glob("*.safetensors"), key=lambda p: p.stat().st_mtime)
+    files = sorted((p for p in (Path(run_dir) / "lora").glob("*.safetensors") if not is_ema_file(p)),
+                   key=lambda p: p.stat().st_mtime)
     return str(files[-1]) if files else ""
 
 

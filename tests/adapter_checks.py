@@ -180,8 +180,10 @@ def two_process_runs(tmp_path, comfy_root, files, grad_accum: int = 1, **memory)
 
 def assert_pipelined_like_plain(plain, piped):
     """Two engine runs (engine_runs.run_to_end), one plain process and a pipeline: the same losses
-    (rel 1e-5) and saved LoRA (rtol 1e-4, atol 1e-5: summation-order noise); returns the LoRA."""
+    (rel 1e-5), gradient norms over every stage (rel 1e-4) and saved LoRA (rtol 1e-4, atol 1e-5:
+    summation-order noise); returns the LoRA."""
     assert plain.losses() == pytest.approx(piped.losses(), rel=1e-5, abs=1e-7)
+    assert plain.grad_norms() == pytest.approx(piped.grad_norms(), rel=1e-4)
     return assert_same_lora(plain.cfg.run_dir, piped.cfg.run_dir, rtol=1e-4, atol=1e-5)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import signal
+import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -96,6 +97,10 @@ class EngineRun:
 
     def losses(self) -> list[float]:
         return [e["loss"] for e in self.of("step")]
+
+    def grad_norms(self) -> list[float]:
+        """Each step's gradient norm before clipping (engine/train/grad_norm.py)."""
+        return [e["grad_norm"] for e in self.of("step")]
 
     def log(self) -> str:
         return launcher.log_tail(self.cfg.run_dir, 60)
@@ -192,16 +197,29 @@ def wait_for_steps(run_dir, count: int, timeout: float = 300, proc: subprocess.P
     raise AssertionError(f"fewer than {count} steps within {timeout} s:\n{launcher.log_tail(run_dir, 60)}")
 
 
-def final_lora(run_dir) -> dict[str, torch.Tensor]:
-    """The LoRA file a finished run wrote (<run_dir>/lora/lora_final.safetensors)."""
+def rewound_copy(run_dir, to: Path, drop: str, latest: str) -> Path:
+    """A copy of a finished run folder as it stood at checkpoint `latest` (e.g. "step000003"): the later
+    checkpoint `drop` and the saved LoRA files removed, `latest` pointing back. Resuming it must repeat
+    the uninterrupted run's later steps."""
+    shutil.copytree(run_dir, to)
+    shutil.rmtree(to / "checkpoints" / drop)
+    shutil.rmtree(to / "lora")
+    (to / "checkpoints" / "latest").write_text(latest)
+    return to
+
+
+def final_lora(run_dir, name: str = "lora_final.safetensors") -> dict[str, torch.Tensor]:
+    """A LoRA file a finished run wrote (<run_dir>/lora/lora_final.safetensors, or `name` there)."""
     from safetensors.torch import load_file
 
-    return load_file(str(Path(run_dir) / "lora" / "lora_final.safetensors"))
+    return load_file(str(Path(run_dir) / "lora" / name))
 
 
-def assert_same_lora(expected_dir, actual_dir, rtol: float, atol: float) -> dict[str, torch.Tensor]:
-    """Both runs saved the same LoRA keys with values equal within tolerance; returns the expected one."""
-    a, b = final_lora(expected_dir), final_lora(actual_dir)
+def assert_same_lora(expected_dir, actual_dir, rtol: float, atol: float,
+                     name: str = "lora_final.safetensors") -> dict[str, torch.Tensor]:
+    """Both runs saved the same LoRA keys (in the file `name`) with values equal within tolerance; returns
+    the expected one."""
+    a, b = final_lora(expected_dir, name), final_lora(actual_dir, name)
     assert a, f"no LoRA tensors in {expected_dir}"
     assert a.keys() == b.keys(), f"LoRA keys differ: {sorted(a.keys() ^ b.keys())[:5]}"
     for k in a:

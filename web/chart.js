@@ -2,7 +2,8 @@
 // layout and drawing on any CanvasRenderingContext2D-like object. No DOM or ComfyUI imports, so
 // tests/ui/chart.test.mjs runs it under plain node.
 
-/** A fresh run state. steps: [[step, loss, lr, time], ...] in step order; evals: [[step, eval loss], ...]. */
+/** A fresh run state. steps: [[step, loss, lr, time, grad norm or null], ...] in step order (the grad norm is
+ *  the gradient norm before clipping; runs from before it have none); evals: [[step, eval loss], ...]. */
 export function emptyRun(run = "", total = 0) {
   return { run, total, steps: [], evals: [], samples: [], status: "idle", reason: "", warnings: [] };
 }
@@ -23,7 +24,8 @@ export function applyEvent(state, ev) {
       break;
     case "step": {
       if (!Number.isFinite(ev.loss)) break;
-      const rec = [ev.step, ev.loss, Number.isFinite(ev.lr) ? ev.lr : 0, Number.isFinite(ev.time) ? ev.time : 0];
+      const rec = [ev.step, ev.loss, Number.isFinite(ev.lr) ? ev.lr : 0, Number.isFinite(ev.time) ? ev.time : 0,
+        Number.isFinite(ev.grad_norm) ? ev.grad_norm : null];
       const last = state.steps[state.steps.length - 1];
       if (!last || last[0] < ev.step) state.steps.push(rec);
       else {
@@ -148,12 +150,18 @@ const STATUS_WORDS = {
   caching: "caching latents",
 };
 
-/** One status line, e.g. "training · step 12/60 · loss 0.1234 · ETA 0:34". */
+/** A gradient norm in 3 significant digits ("0.0123", "4.56", "1.23e+3"). */
+export function formatNorm(v) {
+  return v >= 1e-3 && v < 1e4 ? String(Number(v.toPrecision(3))) : v.toExponential(2);
+}
+
+/** One status line, e.g. "training · step 12/60 · loss 0.1234 · grad norm 0.456 · ETA 0:34". */
 export function statusLine(state) {
   const word = STATUS_WORDS[state.status] || state.status;
   const parts = [word];
   const last = state.steps[state.steps.length - 1];
   if (last) parts.push(`step ${last[0]}/${state.total || "?"}`, `loss ${last[1].toFixed(4)}`);
+  if (last && Number.isFinite(last[4])) parts.push(`grad norm ${formatNorm(last[4])}`);
   if (["training", "sampling", "saving"].includes(state.status)) {
     const eta = etaSeconds(state.steps, state.total);
     if (eta !== null) parts.push(`ETA ${formatDuration(eta)}`);
@@ -254,7 +262,7 @@ function polyline(ctx, pts, L) {
 }
 
 /** Draw the loss chart (raw and smoothed, eval losses as green squares) and, when hoverPx is set,
- *  the hovered step with its LR. Returns what was drawn ({layout, hover}), for tests and the caller's tooltip. */
+ *  the hovered step with its LR and gradient norm (a readout, not a series: its scale is not the loss's). Returns what was drawn ({layout, hover}), for tests and the caller's tooltip. */
 export function drawChart(ctx, state, width, height, hoverPx = null) {
   ctx.clearRect(0, 0, width, height);
   const evals = state.evals || [];
@@ -295,7 +303,8 @@ export function drawChart(ctx, state, width, height, hoverPx = null) {
     if (rec) {
       const i = state.steps.indexOf(rec);
       const ev = evals.find((r) => r[0] === rec[0]);
-      hover = { step: rec[0], loss: rec[1], smoothed: sm[i], lr: rec[2], eval: ev ? ev[1] : null };
+      const norm = Number.isFinite(rec[4]) ? rec[4] : null;
+      hover = { step: rec[0], loss: rec[1], smoothed: sm[i], lr: rec[2], eval: ev ? ev[1] : null, gradNorm: norm };
       ctx.strokeStyle = COLORS.hover;
       ctx.beginPath();
       ctx.moveTo(L.sx(rec[0]), L.pad.top);
@@ -303,7 +312,7 @@ export function drawChart(ctx, state, width, height, hoverPx = null) {
       ctx.stroke();
       ctx.fillStyle = COLORS.hover;
       const label = `step ${rec[0]}  loss ${rec[1].toFixed(4)}  smoothed ${sm[i].toFixed(4)}  lr ${rec[2].toExponential(2)}` +
-        (ev ? `  eval ${ev[1].toFixed(4)}` : "");
+        (norm !== null ? `  grad ${formatNorm(norm)}` : "") + (ev ? `  eval ${ev[1].toFixed(4)}` : "");
       ctx.fillText(label, L.pad.left + 4, L.pad.top + 10);
     }
   }

@@ -2,9 +2,10 @@
 // - TrainPipeline, SaveLoRA, LoadDataset and CacheLatents show the text summary they return
 //   ({"ui": {"text": [...]}}: the dataset nodes' report of skipped and altered files).
 // - TrainPipeline gets a training view: status line (caching, loading, training, sampling, saving,
-//   cancelled, failed + reason), step / total / ETA, a live loss chart (raw + smoothed, LR on hover)
-//   and a strip of the newest samples. It is fed by `pipetrain.run` messages keyed by node id
-//   (nodes/ui_feed.py) and, after a page reload, by GET /pipetrain/run_state?node=<id>.
+//   cancelled, failed + reason), step / total / loss / grad norm / ETA, a live loss chart (raw +
+//   smoothed; LR and gradient norm on hover) and a strip of the newest samples. It is fed by
+//   `pipetrain.run` messages keyed by node id (nodes/ui_feed.py) and, after a page reload, by
+//   GET /pipetrain/run_state?node=<id>.
 // The state, smoothing and drawing live in chart.js (pure, unit-tested under node).
 // Only the frontend's public extension API is used: `app` and `api` from scripts/app.js and
 // scripts/api.js, the registerExtension hooks, LiteGraph's node.addDOMWidget and api events. Other

@@ -29,10 +29,13 @@ SAME_RESULT = (
     "memory.compile_blocks", "memory.expandable_segments",
     "sample.", "eval.every", "eval.before_start", "launch.",
 )
-# Settings added after runs existed whose old behaviour is not their default, with the value that gives
-# that old behaviour: a run from before them trained as if set so. objective.guidance 0 = each item's cached
-# guidance, else ComfyUI's default (3.5 for Flux), as PipeTrain trained guidance-distilled models before.
-BEFORE_THEY_EXISTED = {"objective.guidance": 0.0}
+# Settings added after runs existed, with the value that gives their old behaviour: a run from before them
+# trained as if set so, and a resume that sets another value is a change. objective.guidance 0 = each item's
+# cached guidance, else ComfyUI's default (3.5 for Flux), as PipeTrain trained guidance-distilled models
+# before. The EMA settings change no trained weight, but the EMA file a run writes: an EMA turned on or
+# changed at a resume is no EMA an uninterrupted run would have (with accept_changes it starts from the
+# weights at the resume step, engine/train/ema.py).
+BEFORE_THEY_EXISTED = {"objective.guidance": 0.0, "train.ema_decay": 0.0, "train.ema_start_step": 0}
 # Sections a resume keeps from the run where the new config leaves a setting out (run.json without the key;
 # TrainPipeline without an Objective Options node): a resumed run goes on training what it trained.
 KEPT_ON_RESUME = ("objective",)

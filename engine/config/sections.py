@@ -105,6 +105,11 @@ class TrainSpec:
     # (high noise: min_t 0.875; low noise: max_t 0.875). engine/train/objective.py: noise_range.
     min_t: float = 0.0
     max_t: float = 1.0
+    # EMA of the LoRA weights, saved beside each LoRA as <name>_ema.safetensors (engine/train/ema.py):
+    # ema = decay * ema + (1 - decay) * weights after each step past ema_start_step; up to it the copy is
+    # the weights. 0 = off.
+    ema_decay: float = 0.0
+    ema_start_step: int = 0
 
     def validate(self) -> None:
         check(self.steps >= 0, f"train.steps is {self.steps}: use a positive number, or 0 with epochs > 0.")
@@ -129,6 +134,13 @@ class TrainSpec:
         check(0.0 <= self.min_t < self.max_t <= 1.0 and self.max_t - self.min_t >= 0.01,
               f"train.min_t/max_t are {self.min_t}/{self.max_t}: use 0 <= min_t < max_t <= 1, at least 0.01 apart "
               "(0/1 trains every noise level; Wan 2.2 A14B high-noise expert: 0.875/1, low-noise: 0/0.875).")
+        check(0.0 <= self.ema_decay < 1.0, f"train.ema_decay is {self.ema_decay}: use 0 (no EMA) or a decay below 1 "
+              "such as 0.999 (an average over about 1 / (1 - decay) = 1000 steps; 0.99 for runs of a few hundred).")
+        check(self.ema_start_step >= 0, f"train.ema_start_step is {self.ema_start_step}: use 0 (the EMA averages from "
+              "the first step) or the step from which it averages (up to it the EMA copy equals the weights).")
+        check(self.ema_decay > 0 or self.ema_start_step == 0, f"train.ema_start_step is {self.ema_start_step} but "
+              "ema_decay is 0 (no EMA), so it would do nothing: set ema_decay (e.g. 0.999) to keep an EMA, or "
+              "ema_start_step back to 0.")
 
 
 @dataclass(frozen=True)

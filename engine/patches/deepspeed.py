@@ -1,8 +1,9 @@
-"""What PipeTrain changes in DeepSpeed's pipeline engine (engine/train/pipeline.py uses it).
+"""What PipeTrain changes in DeepSpeed's pipeline engine (engine/train/pipeline.py uses it), and the
+gradient norm it records in both of DeepSpeed's engines (record_grad_norm).
 
 Each piece sets or overrides a private part of DeepSpeed 0.18's PipelineModule / PipelineEngine;
-tests/*/test_pipeline*.py compare pipelined runs with plain ones (losses, clipped gradients, LoRA),
-so a DeepSpeed release that renames one fails there.
+tests/*/test_pipeline*.py compare pipelined runs with plain ones (losses, clipped gradients, LoRA,
+gradient norms), so a DeepSpeed release that renames one fails there.
 """
 from __future__ import annotations
 
@@ -34,6 +35,20 @@ def clip_by_the_whole_replica(params) -> None:
     pipelined run clips by stage 1's norm alone, unlike a plain run (tests/with_comfy/test_pipeline_chroma.py)."""
     for p in params:
         p.model_parallel = True
+
+
+def record_grad_norm(engine, norm_of) -> None:
+    """Keep `norm_of()` (engine/train/grad_norm.py) as engine.pipetrain_grad_norm at each optimizer step,
+    just before DeepSpeed clips and steps (its _take_model_step: the gradients are averaged over the
+    replicas by then). DeepSpeed's own get_global_grad_norm() stays None with a torch optimizer in fp32:
+    that path drops the norm its clip_grad_norm_ computes, and computes none without clipping."""
+    take_model_step = engine._take_model_step
+
+    def measured_step(*args, **kwargs):
+        engine.pipetrain_grad_norm = norm_of()
+        return take_model_step(*args, **kwargs)
+
+    engine._take_model_step = measured_step
 
 
 def stage_backward(engine) -> None:

@@ -1,9 +1,11 @@
 """Training checkpoints of a run: <run_dir>/checkpoints/step<N>/, the newest named by `latest`.
 
 Every rank writes its part (DeepSpeed's rule); the plain backend writes one state file
-(engine/train/plain.py). A resume loads the newest one and refuses a checkpoint made with another
-backend, model or LoRA shape, and reads only tensors and plain data (never arbitrary pickled
-objects). The newest KEEP_CHECKPOINTS stay on each node, and always the one `latest` names.
+(engine/train/plain.py); with train.ema_decay the EMA of the LoRA is written first, as
+pipetrain_ema.safetensors (engine/train/ema.py). A resume loads the newest one and refuses a
+checkpoint made with another backend, model or LoRA shape, and reads only tensors and plain data
+(never arbitrary pickled objects). The newest KEEP_CHECKPOINTS stay on each node, and always the
+one `latest` names.
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ import torch.distributed as tdist
 from ..config.run import write_text_atomic
 from ..patches.deepspeed import load_tensors_only
 from .checkpoint_space import failed_save
+from .ema import write_state as write_ema
 
 KEEP_CHECKPOINTS = 2
 
@@ -24,8 +27,11 @@ def tag_for(step: int) -> str:
     return f"step{step:06d}"
 
 
-def save_checkpoint(engine, root: Path, tag: str, client_state: dict[str, Any], deepspeed: bool) -> None:
+def save_checkpoint(engine, root: Path, tag: str, client_state: dict[str, Any], deepspeed: bool,
+                    ema: dict | None = None) -> None:
     """engine.save_checkpoint, with `latest` naming the tag only once every rank has written its part.
+    `ema`: the whole EMA of the LoRA (engine/train/ema.py), written first by whoever passes it (each
+    node's first rank), so a checkpoint that `latest` names always holds it.
 
     DeepSpeed's rank 0 writes `latest` right after its own files, before the closing barrier: a
     node lost at that moment leaves `latest` naming a checkpoint without that node's stages. Here
@@ -33,6 +39,8 @@ def save_checkpoint(engine, root: Path, tag: str, client_state: dict[str, Any], 
     partial folder, and a full disk reads as one (engine/train/checkpoint_space.py).
     """
     try:
+        if ema is not None:
+            write_ema(root / tag, ema)
         if not deepspeed:  # the plain trainer writes its own `latest`, and is one process
             engine.save_checkpoint(str(root), tag=tag, client_state=client_state, exclude_frozen_parameters=True)
             return
@@ -57,6 +65,11 @@ def resume(engine, root: Path, backend: str, signature: dict[str, Any]) -> int:
         raise ValueError(f"checkpoint in {root} was made for {client.get('signature')}, this run is "
                          f"{signature}: resume with the same model and LoRA settings, or start a new run.")
     return int(client["step"])
+
+
+def latest_folder(root: Path) -> Path:
+    """The checkpoint folder `latest` names."""
+    return root / (root / "latest").read_text().strip()
 
 
 def check_backend(root: Path, backend: str) -> None:

@@ -61,10 +61,13 @@ def train(cfg: RunConfig, device: torch.device, events: EventLog, phases: SetupP
     from ..cache.reader import CachedDataset
     from ..config.rules import data_parallel_size
     from ..latent_fit import accepted_channels, packed_latent_missing, wanted_latents
+    from ..lora_files import ema_file
     from ..memory.options import apply_memory_options
     from ..models.loading import ModelLoadError, load_base_model
     from ..patches.probe_batch import probe_forward
     from ..patches.trainable import make_trainable
+    from .ema import start_ema
+    from .grad_norm import last_grad_norm
     from .lora import inject_lora, lora_parameters, lora_state_dict, lora_tensors
     from .objective import DiffusionObjective, apply_timestep_shift
     from .objective_checks import check_objective
@@ -137,16 +140,17 @@ def train(cfg: RunConfig, device: torch.device, events: EventLog, phases: SetupP
         optimizer = build_optimizer(cfg.memory.optimizer, params, t)
         scheduler = build_scheduler(optimizer, t, total_steps)
         with memory.hidden():  # DeepSpeed moves the whole model to the GPU: not the swapped blocks
-            engine = _build_engine(cfg, objective, optimizer, scheduler)
+            engine = _build_engine(cfg, objective, optimizer, scheduler, params)
 
     phases.done("engine")  # DeepSpeed's engine (pipelined: the stages, checked against apply_model)
 
     # ---- resume -----------------------------------------------------------------------
     ckpt_root = run_dir / "checkpoints"
     signature = {"targets": len(targets), "rank": cfg.lora.rank, "model": os.path.basename(cfg.model_path)}
-    start_step = 0
+    start_step, resumed_from = 0, None
     if cfg.resume and (ckpt_root / "latest").exists():
         start_step = checkpoints.resume(engine, ckpt_root, cfg.launch.backend, signature)
+        resumed_from = checkpoints.latest_folder(ckpt_root)
     if rank == 0:
         revisions.record(run_dir, cfg.to_dict(), start_step)  # the settings of the steps from here on
     phases.done("resume")  # the checkpoint loaded (if any) and the config revision kept
@@ -157,6 +161,10 @@ def train(cfg: RunConfig, device: torch.device, events: EventLog, phases: SetupP
                 samples=len(stream), setup_seconds=round(time.time() - launched, 2), ranks=layout,
                 setup_phases=phases.seconds)
     tb = _tensorboard(run_dir) if rank == 0 else None
+    # The EMA of this rank's LoRA weights (train.ema_decay; engine/train/ema.py), by the names the files use.
+    trained = ({lora_names[id(p)]: p for p in engine.module.parameters() if id(p) in lora_names} if pipelined else
+               {n: p for n, p in model.diffusion_model.named_parameters() if ".lora_" in n})
+    ema = start_ema(t, trained, resumed_from, start_step, events)
     if changes and rank == 0:
         listed = [{"setting": name, "before": old, "after": new} for name, old, new in changes]
         events.emit("config_changed", step=start_step, changes=listed)
@@ -181,18 +189,29 @@ def train(cfg: RunConfig, device: torch.device, events: EventLog, phases: SetupP
         # Pipelined, every stage holds part of the LoRA: gathering it is a collective on all ranks.
         if pipelined:
             named = pipeline.gather_lora(engine.module, lora_names)
+            averaged = pipeline.gather_named(ema.tensors()) if ema else None
         else:
             named = lora_tensors(model.diffusion_model) if rank == 0 else None
+            averaged = ema.tensors() if ema and rank == 0 else None
         if named is not None:
             from .lora import save_lora as write
-            path = run_dir / "lora" / name
+            path, more = run_dir / "lora" / name, {}
             write(path, lora_state_dict(named, cfg.lora), {**meta, "pipetrain_steps": str(step)})
-            events.emit("saved", step=step, path=str(path))
+            if averaged is not None:  # fp32, the key format of the plain file
+                more["ema_path"] = str(ema_file(path))
+                write(ema_file(path), lora_state_dict(averaged, cfg.lora),
+                      {**meta, "pipetrain_steps": str(step), "pipetrain_ema_decay": str(t.ema_decay),
+                       "pipetrain_ema_start_step": str(t.ema_start_step)})
+            events.emit("saved", step=step, path=str(path), **more)
 
     def save_checkpoint(step: int) -> None:
         tag = checkpoints.tag_for(step)
+        averaged = None  # the whole EMA, in every node's checkpoint folder (no shared filesystem needed)
+        if ema is not None and (pipelined or dist.local_rank() == 0):
+            averaged = pipeline.gather_named(ema.tensors(), everywhere=True) if pipelined else ema.tensors()
         checkpoints.save_checkpoint(engine, ckpt_root, tag, {"step": step, "signature": signature},
-                                    deepspeed=cfg.launch.backend == "deepspeed")
+                                    deepspeed=cfg.launch.backend == "deepspeed",
+                                    ema=averaged if dist.local_rank() == 0 else None)
         if dist.local_rank() == 0:  # every node prunes its own copy (no shared filesystem needed)
             checkpoints.prune(ckpt_root, tag)
         if rank == 0:
@@ -221,12 +240,16 @@ def train(cfg: RunConfig, device: torch.device, events: EventLog, phases: SetupP
                 engine.step()
                 micro_losses.append(micro_loss.item())
         step += 1
+        if ema is not None:
+            ema.update(step)
         loss = dist.mean(sum(micro_losses) / len(micro_losses), device)
-        events.emit("step", step=step, total=total_steps, loss=loss, lr=lr,
+        grad_norm = last_grad_norm(engine)  # before clipping, over every replica and stage (the same on each rank)
+        events.emit("step", step=step, total=total_steps, loss=loss, lr=lr, grad_norm=grad_norm,
                     seconds=round(time.time() - started, 4), **_gpu_memory(device))
         if tb is not None:
             tb.add_scalar("train/loss", loss, step)
             tb.add_scalar("train/lr", lr, step)
+            tb.add_scalar("train/grad_norm", grad_norm, step)
         evaluate(step)
         if renderer is not None:
             renderer.maybe_render(step, total_steps, stop.requested)
@@ -244,13 +267,14 @@ def train(cfg: RunConfig, device: torch.device, events: EventLog, phases: SetupP
     final = run_dir / "lora" / "lora_final.safetensors"
     save_lora(final.name, step)
     events.emit("done", step=step, total=total_steps, loss=loss, lora=str(final),
-                seconds=round(time.time() - launched, 2))
+                **({"lora_ema": str(ema_file(final))} if ema else {}), seconds=round(time.time() - launched, 2))
     _close(tb)
     return 0
 
 
-def _build_engine(cfg: RunConfig, objective: torch.nn.Module, optimizer, scheduler):
-    """DeepSpeed's engine (data parallel over the launched ranks), or the single-process one."""
+def _build_engine(cfg: RunConfig, objective: torch.nn.Module, optimizer, scheduler, params):
+    """DeepSpeed's engine (data parallel over the launched ranks), or the single-process one; either keeps
+    the gradient norm of `params` (the LoRA) at each optimizer step (engine/train/grad_norm.py)."""
     t = cfg.train
     if cfg.launch.backend == "plain":
         from .plain import PlainTrainer
@@ -258,8 +282,12 @@ def _build_engine(cfg: RunConfig, objective: torch.nn.Module, optimizer, schedul
         return PlainTrainer(objective, optimizer, scheduler, grad_accum=t.grad_accum, grad_clip=t.grad_clip)
     import deepspeed
 
+    from ..patches.deepspeed import record_grad_norm
+    from .grad_norm import total_norm
+
     engine, _, _, _ = deepspeed.initialize(model=objective, optimizer=optimizer, lr_scheduler=scheduler,
                                            config=dist.deepspeed_config(t))
+    record_grad_norm(engine, lambda: total_norm(params))  # the gradients are averaged over the replicas by then
     return engine
 
 

@@ -24,6 +24,7 @@ from ..config.rules import data_parallel_size
 from ..config.run import RunConfig
 from ..patches import deepspeed as ds_patches
 from .distributed import deepspeed_config
+from .grad_norm import total_norm
 from .objective import DiffusionObjective
 from .sample_order import SampleStream, collate
 
@@ -67,6 +68,8 @@ def build_engine(cfg: RunConfig, model, objective: DiffusionObjective, optimizer
     engine, _, _, _ = deepspeed.initialize(model=module, optimizer=optimizer, lr_scheduler=scheduler_factory(optimizer),
                                            config=deepspeed_config(cfg.train))
     ds_patches.stage_backward(engine)
+    group = engine.grid.get_pipe_parallel_group()  # this replica's stages: the norm over all of its weights
+    ds_patches.record_grad_norm(engine, lambda: total_norm(params, group))
     return engine, adapter
 
 
@@ -152,10 +155,16 @@ def micro_batches(cfg: RunConfig, engine, adapter, objective: DiffusionObjective
 
 def gather_lora(module: torch.nn.Module, names: dict[int, str]) -> dict[str, torch.Tensor] | None:
     """Every stage's LoRA tensors, merged on global rank 0 (None elsewhere)."""
-    mine = {names[id(p)]: p.detach().to("cpu").contiguous().clone() for p in module.parameters() if id(p) in names}
+    return gather_named({names[id(p)]: p.detach().to("cpu").contiguous().clone()
+                         for p in module.parameters() if id(p) in names})
+
+
+def gather_named(mine: dict[str, torch.Tensor], everywhere: bool = False) -> dict[str, torch.Tensor] | None:
+    """Every rank's tensors by name (each stage's part of the LoRA or its EMA), merged on global rank 0
+    (None elsewhere), or on every rank with `everywhere`. A collective: every rank calls it."""
     parts = [None] * tdist.get_world_size()
     tdist.all_gather_object(parts, mine)
-    if tdist.get_rank() != 0:
+    if not everywhere and tdist.get_rank() != 0:
         return None
     merged: dict[str, torch.Tensor] = {}
     for part in parts:

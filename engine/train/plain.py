@@ -2,8 +2,8 @@
 
 `PlainTrainer` offers the part of DeepSpeed's engine interface the train loop uses
 (forward, backward, step, save_checkpoint, load_checkpoint) with the same semantics:
-backward divides the loss by the accumulation steps, step() applies clipping, the optimizer and
-the LR schedule once every `grad_accum` micro steps.
+backward divides the loss by the accumulation steps, step() measures the gradient norm, applies
+clipping, the optimizer and the LR schedule once every `grad_accum` micro steps.
 
 Checkpoint layout (its own, documented): <root>/<tag>/pipetrain_state.pt holds the trainable
 weights, optimizer and scheduler state and the client state; <root>/latest names the newest tag,
@@ -18,6 +18,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from .grad_norm import total_norm
+
 STATE_FILE = "pipetrain_state.pt"
 
 
@@ -30,6 +32,7 @@ class PlainTrainer:
         self.grad_accum = grad_accum
         self.grad_clip = grad_clip
         self.micro_steps = 0
+        self.pipetrain_grad_norm: torch.Tensor | None = None
         self.trainable = [p for p in module.parameters() if p.requires_grad]
 
     def __call__(self, *args, **kwargs):
@@ -42,8 +45,11 @@ class PlainTrainer:
         self.micro_steps += 1
         if self.micro_steps % self.grad_accum:
             return
+        # The norm before clipping, for the step event (engine/train/grad_norm.py); clip_grad_norm_ returns it.
         if self.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(self.trainable, self.grad_clip)
+            self.pipetrain_grad_norm = torch.nn.utils.clip_grad_norm_(self.trainable, self.grad_clip)
+        else:
+            self.pipetrain_grad_norm = total_norm(self.trainable)
         self.optimizer.step()
         self.lr_scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)

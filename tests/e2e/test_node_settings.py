@@ -305,3 +305,21 @@ def test_a_batch_larger_than_a_pass_over_the_cache_is_refused(tmp_path):
     with pytest.raises(ConfigError, match="batch_size is 4 but one pass over the cache has 3 images.*batch_size 3"):
         preflight.check_batch(4, cache)
     preflight.check_batch(3, cache)
+
+
+def test_the_ema_settings_are_train_pipelines_last_widgets_and_save_lora_picks_the_weights(comfy_root):
+    """New widgets go at the end: a workflow saved before them (widget values by position) keeps loading."""
+    from PipeTrain.engine.launch.comfy_bootstrap import import_comfy
+
+    import_comfy(comfy_root)
+    from PipeTrain.nodes.save_lora import PipeTrainSaveLoRA
+    from PipeTrain.nodes.train_pipeline import PipeTrainTrainPipeline
+
+    optional = PipeTrainTrainPipeline.INPUT_TYPES()["optional"]
+    assert list(optional)[-2:] == ["ema_decay", "ema_start_step"]
+    assert optional["ema_decay"][1]["default"] == 0.0 and optional["ema_start_step"][1]["default"] == 0
+    assert all(len(optional[n][1]["tooltip"]) > 40 for n in ("ema_decay", "ema_start_step"))
+    save = PipeTrainSaveLoRA.INPUT_TYPES()["optional"]
+    assert list(save)[-1] == "weights" and save["weights"][0] == ["plain", "ema"]
+    with pytest.raises(ConfigError, match="ema_decay is 1.0"):
+        TrainSpec(ema_decay=1.0).validate()

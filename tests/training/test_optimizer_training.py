@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import shutil
 import signal
 from pathlib import Path
 
 import pytest
 import torch
 
-from engine_runs import build_cache, final_lora, make_config, run_to_end
+from engine_runs import build_cache, final_lora, make_config, rewound_copy, run_to_end
 from PipeTrain.engine.config.choices import OPTIMIZERS
 from PipeTrain.engine.config.launch import LaunchSpec
 from PipeTrain.engine.config.run import RunConfig
@@ -92,11 +91,7 @@ def test_deepspeed_ranks_resume_our_optimizers_exactly(optimizer, tmp_path, comf
     full = run_to_end(_config(tmp_path, comfy_root, demo_base, cache_dir, optimizer, "full", processes=2, steps=6,
                               batch_size=2, checkpoint_every=3))
     assert full.of("started")[0]["world_size"] == 2
-    resumed_dir = tmp_path / "resumed"
-    shutil.copytree(full.cfg.run_dir, resumed_dir)
-    shutil.rmtree(resumed_dir / "checkpoints" / "step000006")
-    shutil.rmtree(resumed_dir / "lora")
-    (resumed_dir / "checkpoints" / "latest").write_text("step000003")
+    resumed_dir = rewound_copy(full.cfg.run_dir, tmp_path / "resumed", "step000006", "step000003")
     resumed = run_to_end(dataclasses.replace(full.cfg, run_dir=str(resumed_dir), resume=True))
     assert [e["step"] for e in resumed.of("step")] == [4, 5, 6]
     assert resumed.losses() == pytest.approx(full.losses()[3:], rel=1e-6, abs=1e-8)

@@ -33,6 +33,7 @@ def test_plain_backend_equals_deepspeed_single_process(tmp_path, comfy_root, dem
                       scheduler="cosine", warmup_steps=1)
     ds, plain = run_all_to_end(cfg, _plain(dataclasses.replace(cfg, run_dir=str(tmp_path / "plain"))))
     assert plain.losses() == pytest.approx(ds.losses(), rel=1e-5, abs=1e-7)
+    assert plain.grad_norms() == pytest.approx(ds.grad_norms(), rel=1e-4)
     assert_same_lora(ds.cfg.run_dir, plain.cfg.run_dir, rtol=1e-4, atol=1e-6)
 
 

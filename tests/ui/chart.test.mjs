@@ -3,7 +3,7 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
 import {
-  applyEvent, applyMessage, autoWeight, downsample, drawChart, emptyRun, etaSeconds, formatDuration, layout,
+  applyEvent, applyMessage, autoWeight, downsample, drawChart, emptyRun, etaSeconds, formatDuration, formatNorm, layout,
   nearestStep, niceTicks, smooth, stateFromSnapshot, statusLine, xEnd,
 } from "../../web/chart.js";
 
@@ -165,4 +165,28 @@ test("eval events: one point per step in step order, in the y range, drawn as ma
   assert.equal(hovered.hover.eval, 0.1);
   const snap = stateFromSnapshot({ run: "r", total: 4, events: [{ event: "eval", step: 0, loss: 2 }] });
   assert.deepEqual(snap.evals, [[0, 2]]);
+});
+
+test("grad norm: kept per step, in the status line and the hover readout, absent for runs without it", () => {
+  const st = emptyRun("r", 4);
+  applyEvent(st, { ...step(1, 1.0, 1), grad_norm: 0.01234 });
+  applyEvent(st, { ...step(2, 0.5, 2), grad_norm: 4567.8 });
+  applyEvent(st, { ...step(3, 0.4, 3), grad_norm: null }); // a NaN norm reaches the page as null
+  assert.deepEqual(st.steps.map((r) => r[4]), [0.01234, 4567.8, null]);
+  assert.doesNotMatch(statusLine(st), /grad norm/);
+  applyEvent(st, { ...step(4, 0.3, 4), grad_norm: 2.5 });
+  assert.match(statusLine(st), /loss 0\.3000 · grad norm 2\.5 · /);
+  assert.equal(formatNorm(0.01234), "0.0123");
+  assert.equal(formatNorm(4567.8), "4570");
+  assert.equal(formatNorm(12345), "1.23e+4");
+  const ctx = recorder();
+  const { layout: L } = drawChart(ctx, st, 400, 200, null);
+  const hovered = drawChart(ctx, st, 400, 200, L.sx(1));
+  assert.equal(hovered.hover.gradNorm, 0.01234);
+  assert.ok(ctx.calls.some((c) => c[0] === "fillText" && /lr 1\.00e-3 {2}grad 0\.0123/.test(c[1])));
+  assert.equal(drawChart(recorder(), st, 400, 200, L.sx(3)).hover.gradNorm, null);
+  const old = emptyRun("r", 4);
+  applyEvent(old, step(1, 1.0, 1));
+  assert.equal(old.steps[0][4], null);
+  assert.doesNotMatch(statusLine(old), /grad norm/);
 });

@@ -97,11 +97,12 @@ def test_a_run_state_keeps_the_newest_samples_only(tmp_path):
 def test_a_nan_loss_leaves_the_snapshot_valid_json(tmp_path):
     """A diverged step (loss NaN, eval losses inf) is written to events.jsonl as NaN / Infinity, which no
     browser parses: before, a reloaded page got an invalid run_state and drew nothing."""
-    lines = [{"event": "started", "step": 0, "total": 3}, {"event": "step", "step": 1, "loss": 0.5},
-             {"event": "step", "step": 2, "loss": float("nan")},
+    lines = [{"event": "started", "step": 0, "total": 3}, {"event": "step", "step": 1, "loss": 0.5, "grad_norm": 2.0},
+             {"event": "step", "step": 2, "loss": float("nan"), "grad_norm": float("inf")},
              {"event": "eval", "step": 2, "loss": float("inf"), "losses": [0.1, float("inf")]}]
     (tmp_path / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in lines), encoding="utf-8")
     _feed(tmp_path, "81")
     events = json.loads(json.dumps(ui_feed.run_state("81"), allow_nan=False))["events"]
     assert [e.get("loss") for e in events] == [None, 0.5, None, None]
+    assert [e.get("grad_norm") for e in events] == [None, 2.0, None, None]  # relayed, and valid JSON when diverged
     assert events[-1]["losses"] == [0.1, None]
