@@ -2,9 +2,30 @@
 (engine.patches.make_trainable) on one forward, then LoRA, then the memory options."""
 from __future__ import annotations
 
+import pytest
 import torch
 
 import family_configs as fc
+
+
+# Fixtures for the patch tests (imported by name into a test module, they apply to all its tests).
+@pytest.fixture(scope="module", autouse=True)
+def comfy(comfy_root):
+    """The host ComfyUI imported, as the engine imports it."""
+    from PipeTrain.engine.launch.comfy_bootstrap import import_comfy
+
+    import_comfy(comfy_root)
+
+
+@pytest.fixture(autouse=True)
+def no_fixes_installed():
+    """Each test probes its blocks afresh: no cached verdict, and none of our forwards left installed."""
+    from PipeTrain.engine.patches import fixes, verdicts
+
+    fixes.uninstall_all()
+    verdicts._MEMO.clear()
+    yield
+    fixes.uninstall_all()
 
 
 def make_trainable(model, latents, conds, **objective_options) -> dict:

@@ -20,27 +20,12 @@ from torch import nn
 import family_configs as fc
 from PipeTrain.engine import patches
 from PipeTrain.engine.patches import fixes, probe, verdicts
-from trainable import trained_model
+from trainable import comfy, no_fixes_installed, trained_model  # noqa: F401 - the two fixtures
 
 pytestmark = pytest.mark.core
 
 IN_PLACE = ["flux", "chroma", "flux2", "hunyuan_video", "hunyuan_video_guiding", "hunyuan_image21", "ltxv",
             "ltxv_i2v"]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def comfy(comfy_root):
-    from PipeTrain.engine.launch.comfy_bootstrap import import_comfy
-
-    import_comfy(comfy_root)
-
-
-@pytest.fixture(autouse=True)
-def _clean():
-    fixes.uninstall_all()
-    verdicts._MEMO.clear()
-    yield
-    fixes.uninstall_all()
 
 
 def family(name: str) -> fc.Family:

@@ -19,24 +19,9 @@ import re
 import pytest
 import torch
 
+from trainable import comfy, no_fixes_installed  # noqa: F401 - the fixtures every test here uses
+
 pytestmark = pytest.mark.core
-
-
-@pytest.fixture(scope="module", autouse=True)
-def comfy(comfy_root):
-    from PipeTrain.engine.launch.comfy_bootstrap import import_comfy
-
-    import_comfy(comfy_root)
-
-
-@pytest.fixture(autouse=True)
-def _clean():
-    from PipeTrain.engine.patches import fixes, verdicts
-
-    fixes.uninstall_all()
-    verdicts._MEMO.clear()
-    yield
-    fixes.uninstall_all()
 
 
 @pytest.fixture
