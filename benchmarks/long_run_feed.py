@@ -25,8 +25,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_env
 
 sys.path.insert(0, str(bench_env.REPO))  # tools.*
-TRAINING = {"UNETLoader", "VAELoader", "CLIPLoader", "PipeTrainLoadDataset", "PipeTrainCacheLatents",
-            "PipeTrainConfigureLoRA", "PipeTrainMemoryOptions", "PipeTrainTrainPipeline"}
 
 
 def rss_mib(pid: int) -> float:
@@ -75,14 +73,13 @@ def main() -> int:
     args = parser.parse_args()
     root = bench_env.setup()
     from tools.comfy_server import ComfyServer
-    from tools.demo import demo_prompt
+    from tools.demo import training_prompt
     from tools.tiny_assets import write_demo_base
 
     base = write_demo_base(str(Path(args.work).resolve() / "comfy_base"))
-    prompt = {k: v for k, v in demo_prompt(base, steps=args.steps, processes=args.processes,
-                                           run_name="long_run").items() if v["class_type"] in TRAINING}
+    prompt = training_prompt(base, args.steps, args.processes, "long_run", sample_every=args.sample_every,
+                             sample_steps=args.sample_steps)
     node = next(k for k, v in prompt.items() if v["class_type"] == "PipeTrainTrainPipeline")
-    prompt[node]["inputs"].update(sample_every=args.sample_every, sample_steps=args.sample_steps)
     run_dir = Path(base["base_dir"]) / "output" / "pipetrain" / "long_run"
     events_file = run_dir / "events.jsonl"
     out: dict = {"steps": args.steps, "sample_every": args.sample_every, "processes": args.processes,

@@ -43,6 +43,19 @@ def demo_prompt(assets: dict, steps: int, processes: int, run_name: str) -> dict
     return prompt
 
 
+# The example workflow's nodes up to TrainPipeline (an output node): loaders, dataset, cache, LoRA, memory.
+TRAINING_NODES = frozenset({"UNETLoader", "VAELoader", "CLIPLoader", "PipeTrainLoadDataset", "PipeTrainCacheLatents",
+                            "PipeTrainConfigureLoRA", "PipeTrainMemoryOptions", "PipeTrainTrainPipeline"})
+
+
+def training_prompt(assets: dict, steps: int, processes: int, run_name: str, **train) -> dict:
+    """demo_prompt up to TrainPipeline (nothing runs after training), its TrainPipeline inputs updated with `train`."""
+    prompt = {k: v for k, v in demo_prompt(assets, steps, processes, run_name).items()
+              if v["class_type"] in TRAINING_NODES}
+    next(v["inputs"] for v in prompt.values() if v["class_type"] == "PipeTrainTrainPipeline").update(train)
+    return prompt
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=str(REPO / "demo_out"), help="folder for the ComfyUI base dir and results")

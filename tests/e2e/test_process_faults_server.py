@@ -13,21 +13,15 @@ from engine_runs import (EngineRun, build_cache, engine_processes, kill_engine_p
                          wait_for_steps)
 from PipeTrain.engine.launch import run_lock
 from tools.comfy_server import ComfyError, ComfyServer
-from tools.demo import demo_prompt
+from tools.demo import training_prompt
 from tools.tiny_assets import write_demo_base
 
 pytestmark = pytest.mark.slow
-TRAINING = {"UNETLoader", "VAELoader", "CLIPLoader", "PipeTrainLoadDataset", "PipeTrainCacheLatents",
-            "PipeTrainConfigureLoRA", "PipeTrainMemoryOptions", "PipeTrainTrainPipeline"}
 
 
 def _training_prompt(base: dict, run_name: str, **train) -> dict:
     """The example graph up to TrainPipeline (an output node), without samples: nothing after training."""
-    prompt = {k: v for k, v in demo_prompt(base, steps=100_000, processes=2, run_name=run_name).items()
-              if v["class_type"] in TRAINING}
-    node = next(v["inputs"] for v in prompt.values() if v["class_type"] == "PipeTrainTrainPipeline")
-    node.update(sample_prompts="", checkpoint_every=0, **train)
-    return prompt
+    return training_prompt(base, 100_000, 2, run_name, **{"sample_prompts": "", "checkpoint_every": 0, **train})
 
 
 def test_killing_the_server_ends_its_run_with_a_checkpoint(comfy_root, tmp_path):

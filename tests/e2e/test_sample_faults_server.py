@@ -13,19 +13,16 @@ import requests
 from engine_runs import engine_processes, kill_engine_processes
 
 from tools.comfy_server import ComfyInterrupted
-from tools.demo import demo_prompt
+from tools.demo import training_prompt
 
 pytestmark = pytest.mark.slow
-TRAINING = {"UNETLoader", "VAELoader", "CLIPLoader", "PipeTrainLoadDataset", "PipeTrainCacheLatents",
-            "PipeTrainConfigureLoRA", "PipeTrainMemoryOptions", "PipeTrainTrainPipeline"}
 NODE = "8"  # TrainPipeline's id in the example graph
 
 
 def _training_prompt(base: dict, run_name: str, steps: int, **train) -> dict:
     """The example graph up to TrainPipeline, one training process, with its two sample prompts."""
-    prompt = {k: v for k, v in demo_prompt(base, steps=steps, processes=1, run_name=run_name).items()
-              if v["class_type"] in TRAINING}
-    prompt[NODE]["inputs"].update(checkpoint_every=0, **train)
+    prompt = training_prompt(base, steps, 1, run_name, checkpoint_every=0, **train)
+    assert prompt[NODE]["class_type"] == "PipeTrainTrainPipeline"
     return prompt
 
 
