@@ -31,6 +31,8 @@ OPTIONS = {  # name -> MemorySpec fields
     "ckpt": {"activation_checkpointing": "on"},
     "compile": {"compile_blocks": True},
     "compile_ckpt": {"activation_checkpointing": "on", "compile_blocks": True},
+    "compile_graphs": {"compile_blocks": True, "compile_mode": "cuda_graphs"},
+    "compile_graphs_ckpt": {"activation_checkpointing": "on", "compile_blocks": True, "compile_mode": "cuda_graphs"},
 }
 
 

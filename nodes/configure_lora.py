@@ -1,8 +1,8 @@
-"""PipeTrainConfigureLoRA: what LoRA to train (rank, alpha, layers, starting point)."""
+"""PipeTrainConfigureLoRA: what LoRA to train (rank, alpha, layers, adapter kind, starting point)."""
 from __future__ import annotations
 
 from ..engine.config.checks import ConfigError
-from ..engine.config.choices import LORA_DTYPES, LORA_TARGET_PRESETS
+from ..engine.config.choices import ADAPTER_KINDS, LORA_DTYPES, LORA_TARGET_PRESETS
 from ..engine.config.sections import LoraSpec
 from . import compat
 from .types import LORA
@@ -41,10 +41,22 @@ class PipeTrainConfigureLoRA:
                 "lora_dtype": (list(LORA_DTYPES), {"default": "float32", "tooltip":
                                "Precision of the trainable LoRA weights. float32 is safest; bfloat16 saves a little "
                                "memory."}),
-            }
+            },
+            # Optional so that graphs and API prompts from before the adapter kinds keep working (plain LoRA).
+            "optional": {
+                "adapter": (list(ADAPTER_KINDS), {"default": "lora", "tooltip":
+                            "Adapter kind. lora: low-rank update B x A (the usual choice). loha: Hadamard product of "
+                            "two low-rank updates (more expressive per parameter). lokr: Kronecker product of a small "
+                            "and a low-rank factor (very small files). dora: LoRA plus a learned magnitude per output "
+                            "channel (weight-decomposed; slower). All load with ComfyUI's LoRA loader."}),
+                "lokr_factor": ("INT", {"default": -1, "min": -1, "max": 1024, "tooltip":
+                                "LoKr only: size of the first Kronecker factor per dimension, where it divides the "
+                                "layer's width; -1 picks it automatically (near the square root of the width)."}),
+            },
         }
 
-    def configure(self, rank, alpha, dropout, targets, target_regex, start_from, lora_dtype):
+    def configure(self, rank, alpha, dropout, targets, target_regex, start_from, lora_dtype, adapter="lora",
+                  lokr_factor=-1):
         init_from = ""
         if start_from != NONE:
             init_from = compat.full_path("loras", start_from) or ""
@@ -52,7 +64,8 @@ class PipeTrainConfigureLoRA:
                 raise ConfigError(f"start_from: LoRA {start_from!r} is not in ComfyUI's loras folder any more; "
                                   "refresh the page and pick another, or 'none'.")
         spec = LoraSpec(rank=rank, alpha=float(alpha), dropout=float(dropout), targets=targets,
-                        target_regex=target_regex.strip(), init_from=init_from, dtype=lora_dtype)
+                        target_regex=target_regex.strip(), init_from=init_from, dtype=lora_dtype, kind=adapter,
+                        lokr_factor=int(lokr_factor))
         spec.validate()
         if init_from:
             check_start_rank(init_from, start_from, spec.rank)
@@ -60,14 +73,16 @@ class PipeTrainConfigureLoRA:
 
 
 def check_start_rank(path: str, name: str, rank: int) -> None:
-    """A LoRA to continue must have the rank set here (read from its header; its down/A weights are
-    rank x in). Files whose layout is not recognised are left to the engine's check."""
+    """A LoRA to continue must have the rank set here (read from its header; its down/A weights, LoHa's
+    hada_w1_b and LoKr's lokr_w2_b are rank x in). Files whose layout is not recognised, and a kind other than
+    the adapter set here, are left to the engine's check."""
     try:
         from safetensors import safe_open
 
         with safe_open(path, framework="pt", device="cpu") as f:
             ranks = {f.get_slice(k).get_shape()[0] for k in f.keys()
-                     if k.endswith((".lora_A.weight", ".lora_down.weight", ".lora.down.weight"))}
+                     if k.endswith((".lora_A.weight", ".lora_down.weight", ".lora.down.weight", ".hada_w1_b",
+                                    ".lokr_w2_b"))}
     except Exception:  # noqa: BLE001 - an unreadable file is reported by the engine with its path
         return
     if len(ranks) == 1 and rank not in ranks:

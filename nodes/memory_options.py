@@ -1,7 +1,7 @@
 """PipeTrainMemoryOptions: how training trades speed for memory. Defaults give a working run."""
 from __future__ import annotations
 
-from ..engine.config.choices import BASE_DTYPES, CHECKPOINTING, OPTIMIZER_NOTES, OPTIMIZERS
+from ..engine.config.choices import BASE_DTYPES, CHECKPOINTING, COMPILE_MODES, OPTIMIZER_NOTES, OPTIMIZERS
 from ..engine.config.sections import MemorySpec
 from .types import MEMORY
 
@@ -72,6 +72,11 @@ class PipeTrainMemoryOptions:
                     "With block_swap: keep swapping blocks while sample images are rendered during training "
                     "(on, the default: the memory stays as in training). Off: every block is on the GPU while "
                     "sampling, so samples render faster, but the GPU must hold the whole model then."}),
+                "compile_mode": (list(COMPILE_MODES), {"default": "default", "tooltip":
+                    "With compile_blocks: 'default' compiles each block; 'cuda_graphs' also replays the compiled "
+                    "parts of each block as CUDA graphs, so the CPU launches far fewer kernels (Flux-dev LoRA on an "
+                    "H200: docs/benchmarks.md). Costs some GPU memory per image size; needs block_swap 0 and "
+                    "pipeline_stages 1. No effect on a CPU."}),
             },
         }
 
@@ -84,13 +89,15 @@ class PipeTrainMemoryOptions:
                 f"{', '.join(CHECKPOINTING)}.")
 
     def configure(self, activation_checkpointing, optimizer, base_dtype, pipeline_stages, block_swap=0,
-                  compile_blocks=False, expandable_segments=False, pipeline_split="", block_swap_sampling=True):
+                  compile_blocks=False, expandable_segments=False, pipeline_split="", block_swap_sampling=True,
+                  compile_mode="default"):
         mode = _LEGACY_CHECKPOINTING.get(activation_checkpointing, activation_checkpointing) \
             if isinstance(activation_checkpointing, bool) else activation_checkpointing
         spec = MemorySpec(activation_checkpointing=mode, optimizer=optimizer, base_dtype=base_dtype,
                           pipeline_stages=int(pipeline_stages), block_swap=int(block_swap),
                           block_swap_sampling=bool(block_swap_sampling),
-                          compile_blocks=bool(compile_blocks), expandable_segments=bool(expandable_segments),
+                          compile_blocks=bool(compile_blocks), compile_mode=str(compile_mode),
+                          expandable_segments=bool(expandable_segments),
                           pipeline_split=str(pipeline_split or "").strip())
         spec.validate()
         return (spec,)

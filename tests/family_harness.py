@@ -45,6 +45,30 @@ MODE_KWARGS = {
     # the packed video + audio latent's shapes (BaseModel._apply_model unpacks by them) and H3's own dict
     "minimax_h3_t2i": {"latent_shapes", "minimax_payload"},
     "minimax_h3_t2v": {"latent_shapes", "minimax_payload"},
+    # more ComfyUI 0.33 classes (tests/family_configs_033_more.py)
+    "chroma_radiance": {"guidance"},
+    "kandinsky5": {"y", "c_concat"},  # the pooled CLIP output; the video model's zero image + mask channels
+    "kandinsky5_image": {"y"},
+    "boogu": {"num_tokens"},
+    "boogu_edit": {"num_tokens", "ref_latents"},
+    "joyimage_edit": {"ref_latents"},
+    "mage_flow_edit": {"ref_latents"},
+    "cogvideox_i2v": {"c_concat"},
+    "cogvideox_inpaint": {"c_concat"},
+    "wan21_fun_control": {"c_concat"},
+    "wan21_camera": {"c_concat"},
+    "wan22_camera": {"c_concat"},
+    "wan21_vace": {"vace_context", "vace_strength"},
+    "flux_schnell": {"y"},
+    "flux_fill": {"c_concat", "guidance", "y"},
+    "pixart_alpha": {"c_size", "c_ar"},
+    "hunyuan_dit": {"encoder_hidden_states_t5", "text_embedding_mask", "text_embedding_mask_t5", "image_meta_size"},
+    "hunyuan_dit1": {"encoder_hidden_states_t5", "text_embedding_mask_t5"},
+    "mochi": {"attention_mask", "num_tokens"},
+    "cascade_c": {"clip_text_pooled", "clip_img"},
+    "sd15_ip2p": {"c_concat"},
+    "sdxl_refiner": {"y"},
+    "sdxl_ip2p": {"c_concat", "y"},
 }
 
 
@@ -66,6 +90,23 @@ BLOCK_ROOTS = {
     "Krea2": ["blocks"], "Anima": ["blocks"], "ErnieImage": ["layers"], "Ideogram4": ["layers"],
     # MiniMax H3's token refiner (token_refiner.blocks) runs in extra_conds, before the model: prefix too.
     "MiniMaxH3": ["blocks"],
+    # More ComfyUI 0.33 classes (tests/family_configs_033_more.py)
+    "LongCatImage": _DOUBLE_SINGLE, "ChromaRadiance": _DOUBLE_SINGLE, "JoyImage": ["double_blocks"],
+    "Kandinsky5": ["text_transformer_blocks", "visual_transformer_blocks"],
+    "Kandinsky5Image": ["text_transformer_blocks", "visual_transformer_blocks"],
+    "MageFlow": ["transformer_blocks"], "Lens": ["transformer_blocks"],
+    "Boogu": ["noise_refiner", "ref_image_refiner", "context_refiner", "double_stream_layers", "single_stream_layers"],
+    "CogVideoX_T2V": ["blocks"], "CogVideoX_I2V": ["blocks"], "CogVideoX_Inpaint": ["blocks"],
+    "ZImagePixelSpace": ["noise_refiner", "context_refiner", "layers"],
+    **dict.fromkeys(["WAN21_CausalAR_T2V", "WAN21_FunControl2V", "WAN21_Camera", "WAN22_Camera", "WAN21_FlowRVS",
+                     "WAN21_SCAIL", "WAN21_SCAIL2", "WAN22_Animate", "WAN_Animate2", "WAN21_HuMo", "WAN22_S2V"],
+                    ["blocks"]),
+    "WAN21_Vace": ["blocks", "vace_blocks"], "WAN22_WanDancer": ["blocks", "music_encoder"],
+    "FluxSchnell": _DOUBLE_SINGLE, "FluxInpaint": _DOUBLE_SINGLE, "PixArtAlpha": ["blocks"], "PixArtSigma": ["blocks"],
+    "HunyuanDiT": ["blocks"], "HunyuanDiT1": ["blocks"], "GenmoMochi": ["blocks"],
+    "Stable_Cascade_C": ["down_blocks", "up_blocks"],
+    **dict.fromkeys(["SD15", "SD20", "SD15_instructpix2pix", "SDXLRefiner", "SDXL_instructpix2pix"],
+                    ["input_blocks", "middle_block", "output_blocks"]),
 }
 
 
@@ -93,7 +134,8 @@ class _Warnings(logging.Handler):
         self.messages.append(record.getMessage())
 
 
-def run_family(family: fc.Family, tmp: Path) -> Result:
+def run_family(family: fc.Family, tmp: Path, spec=None) -> Result:
+    """spec: the LoraSpec to train (default: rank 4, the default target preset and adapter kind)."""
     import comfy.model_patcher
     import comfy.sd
     from safetensors.torch import load_file
@@ -108,7 +150,7 @@ def run_family(family: fc.Family, tmp: Path) -> Result:
     dm = model.diffusion_model
     latents, conds = fc.batch(family)
     make_trainable(model, latents, conds, **family.train)  # as engine/train/loop.py does after loading
-    spec = LoraSpec(rank=4)  # default target preset
+    spec = spec or LoraSpec(rank=4)  # default target preset
     targets = inject_lora(dm, spec)
     n_blocks = len(blocks(dm))
     roots = block_roots(dm)
@@ -129,7 +171,7 @@ def run_family(family: fc.Family, tmp: Path) -> Result:
         trained = _denoised(model, prepared)
     checkpoint_error = _checkpointed_grad_error(model, objective, latents, conds)
     path = tmp / f"{family.name}.safetensors"
-    save_lora(path, lora_state_dict(lora_tensors(dm), spec), {"family": family.name})
+    save_lora(path, lora_state_dict(lora_tensors(dm), spec, dm), {"family": family.name})
 
     fresh = fc.build(family)  # same seed: the base weights the LoRA was trained on
     with torch.no_grad():

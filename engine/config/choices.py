@@ -7,8 +7,15 @@ import re
 
 LORA_TARGET_PRESETS = ("attention", "attention_mlp", "all_linear")
 LORA_DTYPES = ("float32", "bfloat16")
+# Adapter kinds (engine/train/adapter_kinds.py): lora = low-rank B @ A; loha = Hadamard product of two low-rank
+# products; lokr = Kronecker product of a small and a (low-rank) large factor; dora = LoRA plus a learned magnitude
+# per output row (weight-decomposed LoRA).
+ADAPTER_KINDS = ("lora", "loha", "lokr", "dora")
 BASE_DTYPES = ("auto", "float32", "bfloat16", "float16", "float8_e4m3fn", "float8_e5m2")
 CHECKPOINTING = ("off", "on", "cpu_offload")  # activation checkpointing modes (engine/memory/activation_checkpointing.py)
+# torch.compile modes for compile_blocks: "default" = inductor's; "cuda_graphs" = inductor's reduce-overhead
+# (each compiled block region replayed as a CUDA graph: fewer kernel launches from the host).
+COMPILE_MODES = ("default", "cuda_graphs")
 OPTIMIZERS = ("adamw", "adamw8bit", "adamw8bit_kahan", "adafactor", "prodigy", "adamw_cpu_offload")
 # What each optimizer costs and saves, one sentence each (the MemoryOptions tooltip; docs/optimizers.md).
 OPTIMIZER_NOTES = {

@@ -26,7 +26,7 @@ SAME_RESULT = (
     "run_name", "run_dir", "comfyui_root", "resume", "accept_changes", "version",
     "train.steps", "train.epochs", "train.save_every", "train.checkpoint_every",
     "memory.activation_checkpointing", "memory.block_swap", "memory.block_swap_sampling",
-    "memory.compile_blocks", "memory.expandable_segments",
+    "memory.compile_blocks", "memory.compile_mode", "memory.expandable_segments",
     "sample.", "eval.every", "eval.before_start", "launch.",
 )
 # Settings added after runs existed, with the value that gives their old behaviour: a run from before them
@@ -35,7 +35,8 @@ SAME_RESULT = (
 # before. The EMA settings change no trained weight, but the EMA file a run writes: an EMA turned on or
 # changed at a resume is no EMA an uninterrupted run would have (with accept_changes it starts from the
 # weights at the resume step, engine/train/ema.py).
-BEFORE_THEY_EXISTED = {"objective.guidance": 0.0, "train.ema_decay": 0.0, "train.ema_start_step": 0}
+BEFORE_THEY_EXISTED = {"objective.guidance": 0.0, "train.ema_decay": 0.0, "train.ema_start_step": 0,
+                       "lora.kind": "lora", "lora.lokr_factor": -1}
 # Sections a resume keeps from the run where the new config leaves a setting out (run.json without the key;
 # TrainPipeline without an Objective Options node): a resumed run goes on training what it trained.
 KEPT_ON_RESUME = ("objective",)

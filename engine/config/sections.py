@@ -10,8 +10,10 @@ from dataclasses import dataclass
 
 from .checks import ConfigError, check, check_block_swap, split_points
 from .choices import (
+    ADAPTER_KINDS,
     BASE_DTYPES,
     CHECKPOINTING,
+    COMPILE_MODES,
     LORA_DTYPES,
     LORA_TARGET_PRESETS,
     OPTIMIZERS,
@@ -29,6 +31,8 @@ class LoraSpec:
     target_regex: str = ""
     init_from: str = ""  # absolute path of a LoRA .safetensors to start from, or ""
     dtype: str = "float32"
+    kind: str = "lora"  # ADAPTER_KINDS (engine/train/adapter_kinds.py)
+    lokr_factor: int = -1  # LoKr: the first factor's size per dimension (peft decompose_factor); -1 = automatic
 
     @property
     def effective_alpha(self) -> float:
@@ -46,6 +50,17 @@ class LoraSpec:
             except re.error as e:
                 raise ConfigError(f"lora.target_regex {self.target_regex!r} is not a valid regular expression ({e}).") from e
         check(self.dtype in LORA_DTYPES, f"lora.dtype is {self.dtype!r}: choose one of {', '.join(LORA_DTYPES)}.")
+        self._check_kind()
+
+    def _check_kind(self) -> None:
+        check(self.kind in ADAPTER_KINDS, f"lora.kind is {self.kind!r}: choose one of {', '.join(ADAPTER_KINDS)} "
+              "(lora is the usual choice).")
+        check(self.lokr_factor == -1 or 1 <= self.lokr_factor <= 1024,
+              f"lora.lokr_factor is {self.lokr_factor}: use -1 (automatic) or a factor between 1 and 1024.")
+        # peft's LoHa and LoKr layers have no input dropout (only rank/module dropout, which PipeTrain does not offer).
+        check(self.dropout == 0 or self.kind in ("lora", "dora"),
+              f"lora.dropout is {self.dropout} but kind {self.kind!r} has no input dropout: set dropout to 0, or "
+              "use kind lora or dora.")
 
 
 @dataclass(frozen=True)
@@ -58,6 +73,7 @@ class MemorySpec:
     block_swap: int = 0  # transformer blocks kept in CPU RAM and streamed in per use (engine/memory/block_swap.py)
     block_swap_sampling: bool = True  # keep swapping while rendering samples; False = whole model on the GPU then
     compile_blocks: bool = False  # torch.compile each block, attention left eager (engine/memory/compile.py)
+    compile_mode: str = "default"  # COMPILE_MODES; cuda_graphs replays each compiled region as a CUDA graph
     expandable_segments: bool = False  # PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True for the ranks
 
     @staticmethod
@@ -81,6 +97,22 @@ class MemorySpec:
         check(1 <= self.pipeline_stages <= 64, f"memory.pipeline_stages is {self.pipeline_stages}: use 1 (data "
               "parallel only) or the number of GPUs to split the model over.")
         split_points(self.pipeline_split, self.pipeline_stages)  # its ConfigError names the setting
+        self._check_compile_mode()
+
+    def _check_compile_mode(self) -> None:
+        check(self.compile_mode in COMPILE_MODES,
+              f"memory.compile_mode is {self.compile_mode!r}: choose one of {', '.join(COMPILE_MODES)}.")
+        if self.compile_mode != "cuda_graphs":
+            return
+        check(self.compile_blocks, "memory.compile_mode is 'cuda_graphs' but compile_blocks is off: turn "
+              "compile_blocks on (CUDA graphs replay the compiled blocks), or set compile_mode to 'default'.")
+        # A CUDA graph replays the weights at the addresses it recorded: block swap moves them, and the
+        # pipeline's stages were not measured with it.
+        check(self.block_swap == 0, "memory.compile_mode 'cuda_graphs' cannot be used with block_swap (the "
+              "swapped weights move, a recorded graph would read stale memory): set block_swap to 0 or "
+              "compile_mode to 'default'.")
+        check(self.pipeline_stages == 1, "memory.compile_mode 'cuda_graphs' needs pipeline_stages 1 (not "
+              "measured with pipeline stages): set compile_mode to 'default' for a pipelined run.")
 
 
 @dataclass(frozen=True)

@@ -56,9 +56,9 @@ def apply_memory_options(model: nn.Module, spec: MemorySpec, device: torch.devic
     dm = model.diffusion_model
     plan = MemoryPlan(checkpointing=spec.activation_checkpointing)
     if spec.compile_blocks:
-        from .compile import compile_blocks
+        from .compile import TORCH_MODES, compile_blocks
 
-        plan.compiled_blocks = compile_blocks(dm)
+        plan.compiled_blocks = compile_blocks(dm, mode=TORCH_MODES[spec.compile_mode])
     if spec.block_swap:
         from .block_swap import BlockSwapper
 

@@ -27,7 +27,9 @@ def compute_in_activation_dtype(diffusion_model: nn.Module) -> None:
 
     fast = _activation_dtype_class()
     for module in diffusion_model.modules():
-        if type(module) is Linear:
+        # DoRA layers (lora.kind dora) keep peft's forward, which applies the magnitude; it adds out of place
+        # like the LoHa and LoKr layers' forwards, so checkpointed recomputation sees the same tensors.
+        if type(module) is Linear and not module.lora_magnitude_vector:
             module.__class__ = fast
 
 

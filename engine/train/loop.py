@@ -68,7 +68,7 @@ def train(cfg: RunConfig, device: torch.device, events: EventLog, phases: SetupP
     from ..patches.trainable import make_trainable
     from .ema import start_ema
     from .grad_norm import last_grad_norm
-    from .lora import inject_lora, lora_parameters, lora_state_dict, lora_tensors
+    from .lora import inject_lora, is_adapter_param, lora_parameters, lora_state_dict, lora_tensors
     from .objective import DiffusionObjective, apply_timestep_shift
     from .objective_checks import check_objective
     from .optim import build_scheduler
@@ -128,7 +128,7 @@ def train(cfg: RunConfig, device: torch.device, events: EventLog, phases: SetupP
     if pipelined:
         from . import pipeline
 
-        lora_names = {id(p): n for n, p in model.diffusion_model.named_parameters() if ".lora_" in n}
+        lora_names = {id(p): n for n, p in model.diffusion_model.named_parameters() if is_adapter_param(n)}
         engine, adapter = pipeline.build_engine(cfg, model, objective,
                                                 lambda ps: build_optimizer(cfg.memory.optimizer, ps, t),
                                                 lambda opt: build_scheduler(opt, t, total_steps),
@@ -146,7 +146,8 @@ def train(cfg: RunConfig, device: torch.device, events: EventLog, phases: SetupP
 
     # ---- resume -----------------------------------------------------------------------
     ckpt_root = run_dir / "checkpoints"
-    signature = {"targets": len(targets), "rank": cfg.lora.rank, "model": os.path.basename(cfg.model_path)}
+    signature = {"targets": len(targets), "rank": cfg.lora.rank, "model": os.path.basename(cfg.model_path),
+                 **({"kind": cfg.lora.kind} if cfg.lora.kind != "lora" else {})}  # lora: as checkpoints before kinds
     start_step, resumed_from = 0, None
     if cfg.resume and (ckpt_root / "latest").exists():
         start_step = checkpoints.resume(engine, ckpt_root, cfg.launch.backend, signature)
@@ -163,7 +164,7 @@ def train(cfg: RunConfig, device: torch.device, events: EventLog, phases: SetupP
     tb = _tensorboard(run_dir) if rank == 0 else None
     # The EMA of this rank's LoRA weights (train.ema_decay; engine/train/ema.py), by the names the files use.
     trained = ({lora_names[id(p)]: p for p in engine.module.parameters() if id(p) in lora_names} if pipelined else
-               {n: p for n, p in model.diffusion_model.named_parameters() if ".lora_" in n})
+               {n: p for n, p in model.diffusion_model.named_parameters() if is_adapter_param(n)})
     ema = start_ema(t, trained, resumed_from, start_step, events)
     if changes and rank == 0:
         listed = [{"setting": name, "before": old, "after": new} for name, old, new in changes]
@@ -196,10 +197,11 @@ def train(cfg: RunConfig, device: torch.device, events: EventLog, phases: SetupP
         if named is not None:
             from .lora import save_lora as write
             path, more = run_dir / "lora" / name, {}
-            write(path, lora_state_dict(named, cfg.lora), {**meta, "pipetrain_steps": str(step)})
+            # DoRA's file is made against the base weights (every rank holds them; pipelined ones on the CPU)
+            write(path, lora_state_dict(named, cfg.lora, model.diffusion_model), {**meta, "pipetrain_steps": str(step)})
             if averaged is not None:  # fp32, the key format of the plain file
                 more["ema_path"] = str(ema_file(path))
-                write(ema_file(path), lora_state_dict(averaged, cfg.lora),
+                write(ema_file(path), lora_state_dict(averaged, cfg.lora, model.diffusion_model),
                       {**meta, "pipetrain_steps": str(step), "pipetrain_ema_decay": str(t.ema_decay),
                        "pipetrain_ema_start_step": str(t.ema_start_step)})
             events.emit("saved", step=step, path=str(path), **more)
@@ -298,6 +300,7 @@ def _lora_metadata(cfg: RunConfig, fingerprint: str) -> dict[str, str]:
         "pipetrain_rank": str(cfg.lora.rank),
         "pipetrain_alpha": str(cfg.lora.effective_alpha),
         "pipetrain_targets": cfg.lora.targets,
+        "pipetrain_adapter": cfg.lora.kind,
         "pipetrain_dataset_fingerprint": fingerprint,
         "pipetrain_run": cfg.run_name,
     }

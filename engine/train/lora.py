@@ -1,9 +1,11 @@
 """LoRA on ComfyUI's diffusion modules: which layers, injecting peft adapters, and file I/O.
 
-Files use ComfyUI's key format so its stock LoRA loader applies them:
+Files use ComfyUI's key format so its stock LoRA loader applies them; for the default kind (lora):
     diffusion_model.<module path>.lora_A.weight   [rank, in]
     diffusion_model.<module path>.lora_B.weight   [out, rank]
     diffusion_model.<module path>.alpha           scalar, only when alpha != rank
+The other kinds (LoHa, LoKr, DoRA: lora.kind) and their formats are in engine/train/adapter_kinds.py; the
+functions here serve every kind.
 """
 from __future__ import annotations
 
@@ -17,9 +19,9 @@ from torch import nn
 from ..config.checks import ConfigError
 from ..config.sections import LoraSpec
 from ..memory.blocks import block_roots
-from ..patches.peft import ADAPTER, compute_in_activation_dtype
-
-KEY_PREFIX = "diffusion_model."
+from ..patches.peft import compute_in_activation_dtype
+from . import adapter_kinds
+from .adapter_kinds import is_adapter_param
 
 _ATTENTION = re.compile(r"attn|attention", re.IGNORECASE)
 _MLP = re.compile(r"^(.*_)?(mlp|ff|ffn|feed_forward|feedforward)(_.*)?$", re.IGNORECASE)
@@ -56,8 +58,8 @@ def select_lora_targets(diffusion_model: nn.Module, spec: LoraSpec) -> list[str]
 
 
 def inject_lora(diffusion_model: nn.Module, spec: LoraSpec) -> list[str]:
-    """Add trainable peft LoRA adapters in place; freeze everything else. Returns the targets."""
-    from peft import LoraConfig, inject_adapter_in_model
+    """Add trainable peft adapters of spec.kind in place; freeze everything else. Returns the targets."""
+    from peft import inject_adapter_in_model
 
     targets = select_lora_targets(diffusion_model, spec)
     diffusion_model.requires_grad_(False)
@@ -65,42 +67,35 @@ def inject_lora(diffusion_model: nn.Module, spec: LoraSpec) -> list[str]:
     # MiniMax H3's `token_refiner.blocks.0.attn.qkv_proj` for `blocks.0.attn.qkv_proj`); a pattern
     # peft full-matches names exactly these paths.
     exact = "|".join(re.escape(t) for t in targets)
-    config = LoraConfig(r=spec.rank, lora_alpha=spec.effective_alpha, lora_dropout=spec.dropout,
-                        target_modules=f"(?:{exact})", init_lora_weights=True)
-    inject_adapter_in_model(config, diffusion_model, adapter_name=ADAPTER)
+    config = adapter_kinds.peft_config(spec, f"(?:{exact})")
+    inject_adapter_in_model(config, diffusion_model, adapter_name=adapter_kinds.ADAPTER)
     dtype = torch.bfloat16 if spec.dtype == "bfloat16" else torch.float32
     for name, param in diffusion_model.named_parameters():
-        if ".lora_" in name:
+        if is_adapter_param(name):
             param.data = param.data.to(dtype)
             param.requires_grad_(True)
     compute_in_activation_dtype(diffusion_model)
     if spec.init_from:
-        load_lora_into(diffusion_model, spec.init_from)
+        load_lora_into(diffusion_model, spec.init_from, spec)
     return targets
 
 
 def lora_parameters(diffusion_model: nn.Module) -> list[nn.Parameter]:
-    return [p for n, p in diffusion_model.named_parameters() if ".lora_" in n]
-
-
-def _peft_to_comfy_key(name: str) -> str:
-    # "blocks.0.attn.q.lora_A.default.weight" -> "diffusion_model.blocks.0.attn.q.lora_A.weight"
-    return KEY_PREFIX + name.replace(f".{ADAPTER}.", ".")
+    return [p for n, p in diffusion_model.named_parameters() if is_adapter_param(n)]
 
 
 def lora_tensors(diffusion_model: nn.Module) -> dict[str, torch.Tensor]:
-    """The LoRA parameters by their (peft) module path, as contiguous CPU copies."""
+    """The adapter parameters by their (peft) module path, as contiguous CPU copies."""
     return {name: param.detach().to("cpu").contiguous().clone()
-            for name, param in diffusion_model.named_parameters() if ".lora_" in name}
+            for name, param in diffusion_model.named_parameters() if is_adapter_param(name)}
 
 
-def lora_state_dict(named: dict[str, torch.Tensor], spec: LoraSpec) -> dict[str, torch.Tensor]:
-    """LoRA tensors by module path -> ComfyUI's key format (+ alpha when it is not the rank)."""
-    out = {_peft_to_comfy_key(name): tensor for name, tensor in named.items()}
-    if spec.effective_alpha != spec.rank:
-        for key in [k for k in out if k.endswith(".lora_A.weight")]:
-            out[key[: -len(".lora_A.weight")] + ".alpha"] = torch.tensor(spec.effective_alpha)
-    return out
+def lora_state_dict(named: dict[str, torch.Tensor], spec: LoraSpec,
+                    diffusion_model: nn.Module | None = None) -> dict[str, torch.Tensor]:
+    """Adapter tensors by module path -> ComfyUI's key format for spec.kind (lora: + alpha when it is not the
+    rank). DoRA needs the model the adapters are in: its file is made against the base weights."""
+    base = adapter_kinds.base_weights(diffusion_model) if diffusion_model is not None else None
+    return adapter_kinds.to_comfy(named, spec, base)
 
 
 def save_lora(path: str | os.PathLike, tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> None:
@@ -114,28 +109,27 @@ def save_lora(path: str | os.PathLike, tensors: dict[str, torch.Tensor], metadat
     os.replace(tmp, path)
 
 
-def load_lora_into(diffusion_model: nn.Module, path: str) -> None:
-    """Start from an existing ComfyUI-format LoRA: copy its A/B weights into our adapters."""
+def load_lora_into(diffusion_model: nn.Module, path: str, spec: LoraSpec | None = None) -> None:
+    """Start from an existing ComfyUI-format file of spec.kind (default lora): copy its weights into our
+    adapters. A file of another kind is refused."""
     from safetensors.torch import load_file
 
     try:
         saved = load_file(path)
     except Exception as e:  # safetensors raises several types for a broken file
         raise ConfigError(f"cannot read the starting LoRA {path}: {e}. Pick another file or 'none'.") from e
-    params = dict(diffusion_model.named_parameters())
+    params = {n: p for n, p in diffusion_model.named_parameters() if is_adapter_param(n)}
+    wanted = adapter_kinds.from_comfy(saved, list(params), spec or LoraSpec(), adapter_kinds.base_weights(
+        diffusion_model), path)
     matched = 0
-    for name, param in params.items():
-        if ".lora_" not in name:
-            continue
-        key = _peft_to_comfy_key(name)
-        if key not in saved:
-            continue
-        if saved[key].shape != param.shape:
+    for name, tensor in wanted.items():
+        param, key = params[name], adapter_kinds.comfy_key(name)
+        if tensor.shape != param.shape:
             raise ConfigError(
-                f"starting LoRA {path}: {key} has shape {tuple(saved[key].shape)}, this run needs "
+                f"starting LoRA {path}: {key} has shape {tuple(tensor.shape)}, this run needs "
                 f"{tuple(param.shape)}. Use the same rank and targets as that LoRA, or start from 'none'.")
         with torch.no_grad():
-            param.copy_(saved[key].to(param.dtype))
+            param.copy_(tensor.to(param.dtype))
         matched += 1
     if matched == 0:
         raise ConfigError(f"starting LoRA {path} has no weights for this model's targets: "

@@ -41,6 +41,9 @@ def test_new_settings_round_trip(run_json):
     cfg = RunConfig.from_dict(data)
     assert RunConfig.from_dict(cfg.to_dict()) == cfg
     assert cfg.memory.block_swap == 3 and cfg.memory.base_dtype == "float8_e5m2"
+    assert cfg.memory.compile_mode == "default"  # run.json from before the setting
+    graphs = RunConfig.from_dict(_with_memory(run_json, compile_blocks=True, compile_mode="cuda_graphs"))
+    assert RunConfig.from_dict(graphs.to_dict()).memory.compile_mode == "cuda_graphs"
 
 
 @pytest.mark.parametrize("memory, names", [
@@ -49,6 +52,9 @@ def test_new_settings_round_trip(run_json):
     (dict(block_swap=2, pipeline_stages=2), "memory.block_swap is 2 with pipeline_stages 2: block swap needs"),
     (dict(base_dtype="float8"), "memory.base_dtype"),
     (dict(block_swap="2"), "memory.block_swap must be a whole number"),
+    (dict(compile_mode="max"), "memory.compile_mode is 'max'"),
+    (dict(compile_mode="cuda_graphs"), "compile_blocks is off: turn compile_blocks on"),
+    (dict(compile_mode="cuda_graphs", compile_blocks=True, block_swap=2), "cannot be used with block_swap"),
 ])
 def test_bad_memory_settings_name_the_setting(run_json, memory, names):
     data = _with_memory(run_json, **memory)
@@ -61,7 +67,8 @@ def test_bad_memory_settings_name_the_setting(run_json, memory, names):
 def test_every_input_has_a_tooltip_and_new_ones_are_optional():
     inputs = PipeTrainMemoryOptions.INPUT_TYPES()
     assert set(inputs["required"]) == {"activation_checkpointing", "optimizer", "base_dtype", "pipeline_stages"}
-    assert {"block_swap", "compile_blocks", "expandable_segments"} <= set(inputs["optional"])
+    assert {"block_swap", "compile_blocks", "expandable_segments", "compile_mode"} <= set(inputs["optional"])
+    assert list(inputs["optional"])[-1] == "compile_mode"  # saved workflows store widgets by position
     for section in inputs.values():
         for name, (_, options) in section.items():
             assert len(options.get("tooltip", "")) > 40, name

@@ -209,3 +209,26 @@ def test_compiled_blocks_keep_attention_eager_and_give_the_same_gradients():
         assert breaks, dict(counters["graph_break"])  # dynamo traced the blocks and stopped at attention
     finally:
         torch._dynamo.reset()
+
+
+def test_cuda_graph_mode_starts_a_graph_step_at_each_model_call(monkeypatch):
+    """compile_mode 'cuda_graphs': every call of the diffusion model begins a new CUDA-graph replay
+    generation (the previous call's block outputs are consumed by then). On the CPU the graphs are skipped;
+    the H200 figures are in docs/benchmarks.md. Counts the real function's calls (a spy, not a stand-in)."""
+    from PipeTrain.engine.memory.compile import TORCH_MODES, compile_blocks
+
+    real, marks = torch.compiler.cudagraph_mark_step_begin, []
+    monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", lambda: (marks.append(1), real())[1])
+    ref_loss, ref = _step(_model(MemorySpec())[0])
+    model, _ = _model(MemorySpec())
+    torch._dynamo.reset()
+    try:
+        compile_blocks(model.diffusion_model, backend="aot_eager", mode=TORCH_MODES["cuda_graphs"])
+        for calls in (1, 2):
+            loss, grads = _step(model)
+            assert len(marks) == calls
+            torch.testing.assert_close(loss, ref_loss, rtol=1e-5, atol=1e-6)
+            for k in ref:
+                torch.testing.assert_close(grads[k], ref[k], rtol=1e-4, atol=1e-6)
+    finally:
+        torch._dynamo.reset()
