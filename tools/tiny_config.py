@@ -6,6 +6,7 @@ file's tensors; a config built by hand has to say them itself:
 
     FluxParams.txt_ids_dims                   Flux.1 / Kontext: [] (no text position ids); Flux 2: [3]
     ChromaParams.txt_ids_dims, .vec_in_dim    [] and None (Chroma has no vector_in)
+    ChromaRadianceParams.use_x0, .use_sequential_txt_ids   False (unless the file has the marker keys)
     HunyuanVideoParams.meanflow_sum           True only with a vision_in (HunyuanVideo 1.5)
 
 `host_config` adds such a key only where the host's dataclass has that field (it probes the
@@ -23,6 +24,7 @@ _PARAMS = {
     "flux": ("comfy.ldm.flux.model", "FluxParams"),
     "flux2": ("comfy.ldm.flux.model", "FluxParams"),
     "chroma": ("comfy.ldm.chroma.model", "ChromaParams"),
+    "chroma_radiance": ("comfy.ldm.chroma_radiance.model", "ChromaRadianceParams"),
     "hunyuan_video": ("comfy.ldm.hunyuan_video.model", "HunyuanVideoParams"),
 }
 PARAMS_MODELS = frozenset(_PARAMS)  # the image_model values host_config may complete (no import needed)
@@ -33,6 +35,9 @@ _DETECTED: dict[str, Callable[[dict], Any]] = {
     "txt_ids_dims": lambda c: [3] if c.get("image_model") == "flux2" else [],
     "vec_in_dim": lambda c: None,
     "meanflow_sum": lambda c: c.get("vision_in_dim") is not None,
+    # Chroma Radiance: x0 prediction and sequential text ids only where the file marks them (__x0__, __sequential__)
+    "use_x0": lambda c: False,
+    "use_sequential_txt_ids": lambda c: False,
 }
 
 

@@ -57,7 +57,7 @@ def _require(family: fc.Family) -> None:
     """Skip unless the host has what the family needs (its supported_models class; Klein: its text encoder)."""
     from PipeTrain.engine.patches import comfy_version
 
-    path = f33.NEEDS[family.group]
+    path = f33.NEEDS.get(family.group, f"comfy.supported_models.{family.supported}")
     module, _, attr = path.rpartition(".")
     try:
         present = hasattr(importlib.import_module(module), attr)
