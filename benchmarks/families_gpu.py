@@ -4,6 +4,7 @@ ComfyUI's own LoRA loader loads it back.
     COMFYUI_PATH=... python benchmarks/families_gpu.py --work /tmp/fam               # all families, 2 blocks per list
     COMFYUI_PATH=... python benchmarks/families_gpu.py --work /tmp/fam --families flux_dev,ltxv_2b --blocks 0
     COMFYUI_PATH=... python benchmarks/families_gpu.py --work /tmp/fam --tiny        # CPU dry run (tiny Wan), < 1 min
+    COMFYUI_PATH=$COMFY_033 python3 benchmarks/families_gpu.py --work /tmp/fam033 --only-033  # the 0.33+ families
 
 The CI tests (tests/with_comfy/test_families.py) train every family on tiny widths on the CPU. This script checks
 what they cannot: the released widths (head sizes, text widths, channel counts ComfyUI's detection
@@ -21,6 +22,10 @@ detection does not read from the file run at full depth), then, in its own proce
     left unloaded, the LoRA changes the output, and ComfyUI's patched model gives the trained
     model's output (to bf16 rounding: less than half the LoRA's own effect).
 Prints one table row per family and keeps all rows in <work>/families.json.
+
+The families only ComfyUI 0.33+ has (benchmarks/model_shapes_033.py) are in the default list when
+COMFYUI_PATH is a 0.33+ tree (benchmarks/gpu_setup.sh exports COMFY_033 for one), and skipped, said on
+stderr, on an older one; --only-033 runs just them.
 """
 from __future__ import annotations
 
@@ -42,6 +47,9 @@ FAMILY_SHAPES = ("sdxl", "flux_dev", "flux_kontext", "chroma", "sd35_large", "au
                  "flux2_dev", "ltxv_2b", "hunyuan_video", "hunyuan_video15", "cosmos1_7b_t2v", "wan21_14b", "wan22_5b")
 # and the image-to-video modes (start frame in each first_frame_style, CLIP vision tokens)
 FAMILY_SHAPES += ("wan21_i2v_14b", "wan22_5b_ti2v", "ltxv_2b_i2v", "hunyuan_video15_i2v")
+# the families only ComfyUI 0.33+ has (benchmarks/model_shapes_033.py; Ernie-Image runs at its full 36 layers)
+FAMILY_SHAPES_033 = ("flux2_klein_4b", "flux2_klein_9b", "anima", "ernie_image", "ideogram4", "krea2",
+                     "minimax_h3_t2i", "minimax_h3_t2v")
 IMAGE_SIZE, VIDEO_SIZE, VIDEO_FRAMES = 512, 256, 17
 
 
@@ -194,20 +202,35 @@ def main() -> int:
     parser.add_argument("--child-timeout", type=int, default=600)
     parser.add_argument("--keep-files", action="store_true", help="keep the random model files (default: delete)")
     parser.add_argument("--tiny", action="store_true", help="CPU dry run on the tiny Wan shape")
+    parser.add_argument("--only-033", action="store_true", help="only the families ComfyUI 0.33+ adds "
+                                                               "(FAMILY_SHAPES_033; COMFYUI_PATH at a 0.33+ tree)")
     parser.add_argument("--child", default="", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         print("RESULT " + json.dumps(child(json.loads(args.child))), flush=True)
         return 0
     setup()
-    from model_shapes import SHAPES, write_random
+    from model_shapes import DETECTION_PINS_DEPTH, SHAPES, host_lacks, write_random
 
-    from model_shapes import DETECTION_PINS_DEPTH
-
-    names = ["tiny_wan"] if args.tiny else [n.strip() for n in (args.families or ",".join(FAMILY_SHAPES)).split(",")]
+    if args.tiny:
+        names = ["tiny_wan"]
+    elif args.families:
+        names = [n.strip() for n in args.families.split(",")]
+    else:
+        default = FAMILY_SHAPES_033 if args.only_033 else FAMILY_SHAPES + FAMILY_SHAPES_033
+        names = [n for n in default if not host_lacks(n)]
+        for n in default:
+            if host_lacks(n):
+                print(f"skipping {n}: this ComfyUI has no {host_lacks(n)} (ComfyUI 0.33+; set COMFYUI_PATH to such a "
+                      "tree, e.g. $COMFY_033 after benchmarks/gpu_setup.sh)", file=sys.stderr)
     unknown = [n for n in names if n not in SHAPES]
     if unknown:
         raise SystemExit(f"unknown shape(s) {', '.join(unknown)}: choose from {', '.join(SHAPES)}")
+    lacking = [f"{n} (needs {host_lacks(n)})" for n in names if host_lacks(n)]
+    if lacking:
+        raise SystemExit(f"this ComfyUI cannot build {', '.join(lacking)}: set COMFYUI_PATH to a ComfyUI 0.33+ tree")
+    if not names:
+        raise SystemExit("no shape to run on this ComfyUI (--only-033 needs a ComfyUI 0.33+ tree)")
     work = Path(args.work or "families_work").resolve()
     work.mkdir(parents=True, exist_ok=True)
     rows = []

@@ -43,16 +43,15 @@ def _forward_flops(model, latent_shape, cond) -> tuple[float, float]:
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
-    from PipeTrain.engine.train.objective import model_kwargs
+    from meta_run import meta_autocast, meta_kwargs
 
-    # Conditioning is built on the CPU (some encode_adm mix in CPU tensors), then moved to meta.
     x0 = torch.zeros((1, *latent_shape))
-    kwargs = model_kwargs(model, [cond], x0, torch.zeros_like(x0))
-    kwargs = {k: v.to("meta") if torch.is_tensor(v) else v for k, v in kwargs.items()}
-    x0 = x0.to("meta")
-    sigma = torch.full((1,), 0.5, device="meta")
-    with FlopCounterMode(display=False) as counter, torch.no_grad():
-        model.apply_model(x0, sigma, transformer_options={}, **kwargs)
+    with meta_autocast():
+        kwargs = meta_kwargs(model, x0, cond)
+        x0 = x0.to("meta")
+        sigma = torch.full((1,), 0.5, device="meta")
+        with FlopCounterMode(display=False) as counter, torch.no_grad():
+            model.apply_model(x0, sigma, transformer_options={}, **kwargs)
     attention = sum(v for op, v in counter.get_flop_counts()["Global"].items()
                     if any(name in str(op) for name in _ATTENTION_OPS))
     if _VERBOSE:

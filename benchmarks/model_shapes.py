@@ -3,7 +3,9 @@
 Random weights do the same work per step as trained ones, so a benchmark needs no download: each
 shape here is the released model's configuration (what ComfyUI 0.3.75's detection reads from the real
 file) plus the shape of one training sample (raw VAE latent and text conditioning, as the latent cache
-holds them) at a stated resolution. There is one shape per model family ComfyUI trains.
+holds them) at a stated resolution. There is one shape per model family ComfyUI trains. The families only
+ComfyUI 0.33+ has are in model_shapes_033.py, merged into SHAPES here; host_lacks(name) says what an older
+host is missing for one of them.
 
     shape = SHAPES["flux_dev"]
     model = build(shape, device="meta")           # ComfyUI BaseModel, no memory used
@@ -19,9 +21,12 @@ build() and load the file's tensors into it instead of going through comfy.sd.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
+
+from model_shapes_033 import NEEDS, SHAPES_033
 
 
 @dataclass(frozen=True)
@@ -43,15 +48,29 @@ class Shape:
     reference_latents: int = 0  # reference images (edit models), each a raw latent of the sample's size
     first_frame: str = ""  # image-to-video: the start frame as CacheLatents' first_frame_style stores it
     clip_vision: tuple = ()  # (clip_vision_output field, tokens, width) the image-to-video model reads
+    # [T] extras per text token, kept unbatched: name -> "ones" (long 1s), "weights" (float 1s) or "ids:N" (int32 < N)
+    token_tensors: dict[str, str] = field(default_factory=dict)
+    # models trained on ComfyUI's packed video + audio row (MiniMax H3): the audio stream's shape [C, ...]
+    audio_stream: tuple[int, ...] = ()
 
     def latent(self, size: int, frames: int = 1, height: int = 0) -> tuple[int, ...]:
         """Raw VAE latent of one sample (before process_latent_in, batch dim removed) at width `size` x
         `height` (default size), x `frames` for video families: what the family's VAE in ComfyUI outputs
-        (comfy/sd.py VAE: spatial ratio 8, 16 or 32; temporal floor((frames + t - 1) / t))."""
+        (comfy/sd.py VAE: spatial ratio 8, 16 or 32; temporal floor((frames + t - 1) / t)). With an
+        audio_stream, the packed row [1, N] of video then audio (comfy.utils.pack_latents)."""
+        streams = self.latent_streams(size, frames, height)
+        if self.audio_stream:
+            return (1, sum(math.prod(s) for s in streams))
+        return streams[0]
+
+    def latent_streams(self, size: int, frames: int = 1, height: int = 0) -> list[tuple[int, ...]]:
+        """The latent's streams: the VAE latent, then the audio stream where there is one."""
         h, w = (height or size) // self.spatial, size // self.spatial
         if self.video:
-            return (self.latent_channels, (frames + self.temporal - 1) // self.temporal, h, w)
-        return (self.latent_channels, *((1,) if self.five_d else ()), h, w)
+            video = (self.latent_channels, (frames + self.temporal - 1) // self.temporal, h, w)
+        else:
+            video = (self.latent_channels, *((1,) if self.five_d else ()), h, w)
+        return [video, *([self.audio_stream] if self.audio_stream else [])]
 
 
 # Reused configurations (what ComfyUI's detection returns for the released files).
@@ -221,10 +240,29 @@ SHAPES.update({
 })
 
 
+# The families only ComfyUI 0.33+ has (model_shapes_033.py).
+SHAPES.update({name: Shape(**fields) for name, fields in SHAPES_033.items()})
+
+
+def host_lacks(name: str) -> str | None:
+    """What the imported ComfyUI lacks for shape `name` (None: nothing), e.g. "comfy.supported_models.Krea2"."""
+    import importlib
+
+    need = NEEDS.get(name)
+    if need is None:
+        return None
+    module, attr = need.rsplit(".", 1)
+    try:
+        return None if hasattr(importlib.import_module(module), attr) else need
+    except ImportError:
+        return need
+
+
 # Families whose detection does not count blocks (it derives the count from a width, or fixes it), so a
 # file of a shallow() shape loads at the released depth, its extra blocks missing from the file: SD3
-# (depth = width / 64), HiDream (16 + 32), Omnigen2 (32), Cosmos 1 and Predict2 (28 or 36 by width).
-DETECTION_PINS_DEPTH = frozenset({"SD3", "HiDream", "Omnigen2", "CosmosT2V", "CosmosT2IPredict2"})
+# (depth = width / 64), HiDream (16 + 32), Omnigen2 (32), Cosmos 1 and Predict2 (28 or 36 by width),
+# Ernie-Image (0.33: every width and the depth are the class defaults, 36 layers).
+DETECTION_PINS_DEPTH = frozenset({"SD3", "HiDream", "Omnigen2", "CosmosT2V", "CosmosT2IPredict2", "ErnieImage"})
 
 
 def shallow(shape: Shape, blocks: int = 2) -> Shape:
@@ -291,6 +329,8 @@ def random_state(diffusion_model, seed: int = 0) -> dict:
     for name, p in diffusion_model.state_dict().items():
         if p.ndim >= 2:
             t = torch.randn(p.shape, generator=gen, device=device, dtype=torch.bfloat16).mul_(0.02)
+        elif name.endswith("inv_freq"):  # rope frequencies a file carries (MiniMax H3): theta 10000's
+            t = 1.0 / 10000.0 ** (torch.arange(p.shape[0], device=device, dtype=torch.float32) / p.shape[0])
         else:
             scale = name in scales or "norm" in name
             t = (torch.ones if scale else torch.zeros)(p.shape, dtype=torch.bfloat16, device=device)
@@ -333,6 +373,12 @@ def sample_cond(shape: Shape, device: str = "cpu", seed: int = 0, size: int = 10
     cross = torch.randn((shape.text_tokens, shape.text_dim), generator=gen).to(device)
     for key, dims in shape.cond_tensors.items():
         extras[key] = torch.randn(dims, generator=gen).to(device)
+    for key, kind in shape.token_tensors.items():
+        n = shape.text_tokens
+        extras[key] = (torch.ones(n, dtype=torch.long) if kind == "ones" else torch.ones(n) if kind == "weights"
+                       else torch.randint(1, int(kind.split(":")[1]), (n,), generator=gen, dtype=torch.int32)).to(device)
+    if shape.audio_stream:  # the packed row's streams, as the sampler passes them (batch dim 1)
+        extras["latent_shapes"] = [torch.Size((1, *s)) for s in shape.latent_streams(size, frames, height)]
     if shape.attention_mask:  # an unpadded caption: every token attended
         extras["attention_mask"] = torch.ones(shape.text_tokens, dtype=torch.long, device=device)
     for i in range(shape.reference_latents):
@@ -351,35 +397,20 @@ def sample_cond(shape: Shape, device: str = "cpu", seed: int = 0, size: int = 10
     if shape.clip_vision:
         name, tokens, width = shape.clip_vision
         extras[f"clip_vision_output.{name}"] = torch.randn((tokens, width), generator=gen).to(device)
-    return {"cross_attn": cross, "extras": extras}
-
-
-def meta_forward(shape: Shape, size: int, frames: int = 1) -> tuple[int, ...]:
-    """apply_model of `shape` on the meta device with sample_cond at size x size (x frames): every shape
-    the widths, latent and conditioning meet must fit, without memory or arithmetic. Returns the output's
-    shape. Needs ComfyUI's PyTorch attention (setup(pytorch_attention=True)): its split attention sizes
-    chunks by the device's free memory, which meta has not. HiDream cannot run (its MoE routing reads data)."""
-    import torch
-
-    from PipeTrain.engine.train.objective import model_kwargs
-
-    model = build(shape)
-    model.model_sampling.to("meta")
-    x0 = torch.zeros((1, *shape.latent(size, frames)))
-    kwargs = model_kwargs(model, [sample_cond(shape, size=size, frames=frames)], x0, torch.zeros_like(x0))
-    kwargs = {k: (v.to("meta") if torch.is_tensor(v) else [t.to("meta") for t in v] if isinstance(v, list) else v)
-              for k, v in kwargs.items()}
-    with torch.no_grad():
-        out = model.apply_model(x0.to("meta"), torch.full((1,), 0.5, device="meta"), transformer_options={}, **kwargs)
-    return tuple(out.shape[1:])
+    cond = {"cross_attn": cross, "extras": extras}
+    if shape.token_tensors:  # the text encoders give these without a batch dim; the cache lists them so
+        cond["unbatched"] = tuple(shape.token_tensors)
+    return cond
 
 
 def main() -> None:
     """`python model_shapes.py [--blocks N] NAME...`: meta_forward of each shape (cut to N blocks per list)
-    at 1024x1024, or 512x512x33 for video; prints one line per shape, exits 1 if any fails."""
+    at 1024x1024, or 512x512x33 for video; prints one line per shape, exits 1 if any fails. Skipped, with
+    the reason: shapes the host ComfyUI lacks (host_lacks) and families meta cannot run (META_READS_DATA)."""
     import argparse
 
     from bench_env import setup
+    from meta_run import META_READS_DATA, meta_forward
 
     parser = argparse.ArgumentParser(description=main.__doc__)
     parser.add_argument("names", nargs="*", default=[n for n in SHAPES if not n.startswith("tiny")])
@@ -390,6 +421,11 @@ def main() -> None:
     for name in args.names:
         shape = shallow(SHAPES[name], args.blocks)
         size, frames = (512, 33) if shape.video else (1024, 1)
+        skip = (f"needs {host_lacks(name)} (ComfyUI 0.33+)" if host_lacks(name)
+                else f"cannot run on meta: {META_READS_DATA[shape.family]}" if shape.family in META_READS_DATA else "")
+        if skip:
+            print(f"{name}: skipped, {skip}", flush=True)
+            continue
         try:
             out = meta_forward(shape, size, frames)
             ok = out == shape.latent(size, frames)

@@ -1,4 +1,5 @@
-"""The benchmark shapes (benchmarks/model_shapes.py) are what ComfyUI 0.3.75 makes of the released files.
+"""The benchmark shapes (benchmarks/model_shapes.py) are what ComfyUI 0.3.75 makes of the released files,
+and those of the families only ComfyUI 0.33+ has (benchmarks/model_shapes_033.py) what 0.33.0 makes of theirs.
 
 Everything runs on the meta device (no weights): ComfyUI's detection reads only tensor shapes, so a
 meta build's state dict stands for the random file write_random would write. For every shape, at
@@ -6,6 +7,7 @@ full depth and shallow (2 blocks per list), detection must pick the shape's clas
 reads must build the same tensors, except where detection cannot see a cut depth (DETECTION_PINS_DEPTH).
 A real forward and backward through ComfyUI's apply_model runs for the shallow shapes small enough
 for a CPU; the others are left to the GPU check (benchmarks/families_gpu.py).
+The 0.33 shapes' tests are `core` (the 0.33.0 suite runs them) and skip, naming what is missing, on 0.3.75.
 """
 from __future__ import annotations
 
@@ -24,7 +26,10 @@ load_pack()
 NEW = ["chroma", "flux_kontext", "sd35_large", "auraflow", "lumina2", "z_image", "hidream_i1_full", "qwen_image_edit",
        "hunyuan_image21", "omnigen2", "cosmos_predict2_2b", "flux2_dev", "ltxv_2b", "hunyuan_video",
        "hunyuan_video15", "cosmos1_7b_t2v", "wan22_5b"]
-FULL = [n for n in ms.SHAPES if not n.startswith("tiny")]
+FULL = [n for n in ms.SHAPES if not n.startswith("tiny") and n not in ms.SHAPES_033]
+# The families only ComfyUI 0.33+ has: core tests (the 0.33.0 suite), skipped on an older host.
+NEW_033 = list(ms.SHAPES_033)
+CORE_033 = [pytest.param(n, marks=pytest.mark.core) for n in NEW_033]
 
 # Raw VAE latents at 1024x1024 (images) or 512x512x33 (video).
 LATENT = {"chroma": (16, 128, 128), "flux_kontext": (16, 128, 128), "sd35_large": (16, 128, 128),
@@ -50,6 +55,12 @@ CPU_FORWARD = ["ltxv_2b", "cosmos_predict2_2b", "hunyuan_video15", "wan22_5b", "
 CPU_FORWARD_SLOW = ["chroma", "flux_kontext", "auraflow", "hidream_i1_full", "omnigen2", "hunyuan_video", "z_image"]
 
 
+def _skip_on_older_host(name: str) -> None:
+    missing = ms.host_lacks(name)
+    if missing:
+        pytest.skip(f"{name} needs ComfyUI 0.33+: this host has no {missing}")
+
+
 def _shapes(model) -> dict:
     return {k: tuple(v.shape) for k, v in model.diffusion_model.state_dict().items()}
 
@@ -61,9 +72,10 @@ def _built_from_detection(shape: ms.Shape) -> dict:
     return _shapes(getattr(comfy.supported_models, family)(config).get_model({}, device="meta"))
 
 
-@pytest.mark.parametrize("name", FULL)
+@pytest.mark.parametrize("name", FULL + CORE_033)
 @pytest.mark.parametrize("depth", ["full", "shallow"])
 def test_detection_picks_the_family_and_reads_the_config_back(comfy, name, depth):
+    _skip_on_older_host(name)
     shape = ms.SHAPES[name] if depth == "full" else ms.shallow(ms.SHAPES[name])
     family, _ = ms.detected(shape)
     assert family == shape.family
@@ -73,8 +85,9 @@ def test_detection_picks_the_family_and_reads_the_config_back(comfy, name, depth
     assert same != pinned, f"{name} {depth}: detection {'rebuilds' if same else 'does not rebuild'} the model"
 
 
-@pytest.mark.parametrize("name", NEW)
+@pytest.mark.parametrize("name", NEW + CORE_033)
 def test_shallow_keeps_the_widths_and_cuts_every_block_list_to_two(comfy, name):
+    _skip_on_older_host(name)
     shape = ms.SHAPES[name]
     cut = ms.shallow(shape, 2)
     assert shape.depth_keys
@@ -134,7 +147,7 @@ def test_text_widths_are_what_the_models_take(comfy):
 
 
 def test_shallow_models_run_at_the_released_resolution_on_meta(comfy_root):
-    """apply_model on the meta device with sample_cond at 1024x1024 or 512x512x33 (model_shapes.meta_forward):
+    """apply_model on the meta device with sample_cond at 1024x1024 or 512x512x33 (meta_run.meta_forward):
     every shape the released widths, the family's latent and its text conditioning meet fits. In a fresh
     process, for ComfyUI's PyTorch attention (its CPU default, split attention, reads data); HiDream's MoE
     routing reads data too, so it runs only in the CPU test below."""
@@ -195,3 +208,94 @@ def test_a_written_shallow_file_loads_through_comfyui_as_its_family(comfy, name,
     model = comfy.sd.load_diffusion_model(str(path)).model
     assert type(model.model_config).__name__ == shape.family
     assert _shapes(model) == _shapes(ms.build(shape))
+
+
+# ---- the families only ComfyUI 0.33+ has (benchmarks/model_shapes_033.py) ----
+# Raw latents at 1024x1024 or 512x512x33; MiniMax H3's is the packed row of its video and (empty) audio streams.
+LATENT_033 = {"flux2_klein_4b": (128, 64, 64), "flux2_klein_9b": (128, 64, 64), "anima": (16, 1, 128, 128),
+              "ernie_image": (128, 64, 64), "ideogram4": (128, 64, 64), "krea2": (16, 1, 128, 128),
+              "minimax_h3_t2i": (1, 24 * 64 * 64), "minimax_h3_t2v": (1, 24 * 9 * 32 * 32)}
+# The tiny family (tests/family_configs_033.py) whose cached conditioning each shape must reproduce.
+TINY_033 = {"flux2_klein_4b": "flux2_klein", "flux2_klein_9b": "flux2_klein", "anima": "anima",
+            "ernie_image": "ernie_image", "ideogram4": "ideogram4", "krea2": "krea2",
+            "minimax_h3_t2i": "minimax_h3_t2i", "minimax_h3_t2v": "minimax_h3_t2v"}
+# The layer that reads the text (key, dim, multiple): its input width x multiple = the shape's text_dim.
+TEXT_IN_033 = {"flux2_klein_4b": ("txt_in.weight", 1, 1), "flux2_klein_9b": ("txt_in.weight", 1, 1),
+               "anima": ("llm_adapter.blocks.0.cross_attn.k_proj.weight", 1, 1), "ernie_image": ("text_proj.weight", 1, 1),
+               "ideogram4": ("llm_cond_proj.weight", 1, 1),
+               "krea2": ("txtfusion.layerwise_blocks.0.prenorm.scale", 0, 12),  # 12 stacked Qwen3-VL layers
+               "minimax_h3_t2i": ("condition_proj.weight", 1, 1), "minimax_h3_t2v": ("condition_proj.weight", 1, 1)}
+
+
+@pytest.mark.parametrize("name", CORE_033)
+def test_033_latent_text_width_and_conditioning_are_the_tiny_familys(comfy, name):
+    """The latent's layout, the text width the model reads, and the cached conditioning's keys, dtypes and
+    unbatched keys are those of the tiny family the CPU tests train (tests/family_configs_033.py)."""
+    import comfy.supported_models
+    import torch
+    from family_configs_033 import FAMILIES
+
+    _skip_on_older_host(name)
+    shape = ms.SHAPES[name]
+    latent = shape.latent(512, 33) if shape.video else shape.latent(1024)
+    assert latent == LATENT_033[name]
+    if not shape.audio_stream:  # (MiniMax H3's packed format counts its widest stream: 32, the audio's)
+        assert latent[0] == getattr(comfy.supported_models, shape.family).latent_format.latent_channels
+    key, dim, multiple = TEXT_IN_033[name]
+    assert _shapes(ms.build(ms.shallow(shape, 1)))[key][dim] * multiple == shape.text_dim
+    tiny = next(f for f in FAMILIES if f.name == TINY_033[name])
+    want = tiny.extras(torch.Generator().manual_seed(0))
+    cond = ms.sample_cond(shape, size=512 if shape.video else 1024, frames=33 if shape.video else 1)
+    assert set(cond["extras"]) == set(want)
+    assert set(cond.get("unbatched", ())) == set(tiny.unbatched)
+    for k, v in want.items():
+        got = cond["extras"][k]
+        if torch.is_tensor(v):
+            assert got.dtype == v.dtype and got.ndim == v.ndim, k
+        elif k == "latent_shapes":  # torch.Size per stream, batch 1: video then audio
+            assert got == [torch.Size((1, *s)) for s in shape.latent_streams(512 if shape.video else 1024, 33)]
+        else:
+            assert got == v, k
+
+
+@pytest.mark.core
+def test_033_shallow_models_run_at_the_released_resolution_on_meta(comfy_root, comfy):
+    """As test_shallow_models_run_at_the_released_resolution_on_meta, for the 0.33 shapes (MiniMax H3's
+    forward reads the timestep's value: model_shapes.py reports it skipped, and the slow CPU test runs it)."""
+    import os
+    import subprocess
+
+    _skip_on_older_host("krea2")
+    from meta_run import META_READS_DATA
+
+    names = [n for n in NEW_033 if ms.SHAPES[n].family not in META_READS_DATA]
+    bench = Path(__file__).resolve().parents[2] / "benchmarks"
+    done = subprocess.run([sys.executable, "model_shapes.py", *names, "minimax_h3_t2i"], cwd=bench,
+                          capture_output=True, text=True, env={**os.environ, "COMFYUI_PATH": comfy_root}, timeout=600)
+    ok = [line for line in done.stdout.splitlines() if line.split(":")[0] in names and ": ok " in line]
+    assert done.returncode == 0 and len(ok) == len(names), done.stdout + done.stderr[-2000:]
+    assert "minimax_h3_t2i: skipped, cannot run on meta" in done.stdout
+
+
+@pytest.mark.core
+@pytest.mark.slow
+def test_033_minimax_h3_runs_at_its_released_widths_on_cpu(comfy):
+    """MiniMax H3 (which meta cannot run) at its released widths, one block per list (1.1 B parameters, bf16,
+    ~2 GB), on a packed video + empty audio latent at 128x128x9: the output has the packed row's shape."""
+    import torch
+    from PipeTrain.engine.train.objective import model_kwargs
+
+    _skip_on_older_host("minimax_h3_t2v")
+    shape = ms.shallow(ms.SHAPES["minimax_h3_t2v"], 1)
+    model = ms.build(shape, dtype=torch.bfloat16)
+    model.diffusion_model.to_empty(device="cpu")
+    model.diffusion_model.load_state_dict(ms.random_state(model.diffusion_model))
+    model.model_sampling.to("cpu")
+    x0 = torch.randn((1, *shape.latent(128, 9)))
+    cond = ms.sample_cond(shape, size=128, frames=9)
+    cond["cross_attn"] = cond["cross_attn"][:8]  # a short caption
+    cond["extras"]["minimax_token_tags"] = cond["extras"]["minimax_token_tags"][:8]
+    with torch.no_grad():
+        out = model.apply_model(x0, torch.full((1,), 0.5), transformer_options={},
+                                **model_kwargs(model, [cond], x0, torch.randn_like(x0)))
+    assert out.shape == x0.shape and torch.isfinite(out).all()
