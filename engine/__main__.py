@@ -2,6 +2,8 @@
 
     python -m engine --config <run_dir>/run.json     train: one rank of a run
     python -m engine cache --config cache.json       cache: encode a dataset (engine/cache/cli.py)
+    python -m engine import-dp --main X.toml ...     diffusion-pipe configs -> run.json (engine/dpconfig/cli.py)
+    python -m engine export-dp run.json --out-dir D  run.json -> diffusion-pipe configs
 
 DeepSpeed's launcher runs the training entry once per rank (engine/launch/launcher.py builds the
 command; by hand: python -m deepspeed.launcher.runner --num_gpus N --module --no_local_rank engine --config run.json)
@@ -27,6 +29,10 @@ def _parse(argv: list[str]) -> argparse.Namespace:
 
 
 if __name__ == "__main__":
+    if sys.argv[1:2] in (["import-dp"], ["export-dp"]):  # config conversion: its own arguments, no torch
+        from .dpconfig.cli import COMMANDS
+
+        sys.exit(COMMANDS[sys.argv[1]](sys.argv[2:]))
     args = _parse(sys.argv[1:])
     if args.mode == "cache":
         from .cache.cli import main as cache_main

@@ -2,6 +2,7 @@
 from .cache_latents import PipeTrainCacheLatents
 from .cluster import PipeTrainCluster
 from .configure_lora import PipeTrainConfigureLoRA
+from .import_diffusion_pipe import PipeTrainImportDiffusionPipeConfig
 from .load_dataset import PipeTrainLoadDataset
 from .memory_options import PipeTrainMemoryOptions
 from .objective_options import PipeTrainObjectiveOptions
@@ -20,6 +21,7 @@ NODE_CLASS_MAPPINGS = {
     "PipeTrainSaveLoRA": PipeTrainSaveLoRA,
     "PipeTrainLossPlot": PipeTrainLossPlot,
     "PipeTrainSampleGrid": PipeTrainSampleGrid,
+    "PipeTrainImportDiffusionPipeConfig": PipeTrainImportDiffusionPipeConfig,
 }
 
 NODE_DISPLAY_NAME_MAPPINGS = {
@@ -33,4 +35,5 @@ NODE_DISPLAY_NAME_MAPPINGS = {
     "PipeTrainSaveLoRA": "PipeTrain Save LoRA",
     "PipeTrainLossPlot": "PipeTrain Loss Plot",
     "PipeTrainSampleGrid": "PipeTrain Sample Grid",
+    "PipeTrainImportDiffusionPipeConfig": "PipeTrain Import diffusion-pipe Config",
 }
