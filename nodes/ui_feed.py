@@ -7,8 +7,9 @@ gets the same messages back (the run's events re-read from events.jsonl, plus th
 samples), so the chart and strip come back as they were. That snapshot stays the same size however
 long the run: at most SNAPSHOT_POINTS step (and eval) events, each bucket's lowest and highest loss
 so spikes stay visible, the newest RECENT events whole, the last KEEP_PER_KIND of every other kind,
-and the newest KEEP_SAMPLES samples (what the node's strip shows). Every event stays in events.jsonl
-and every sample in the run folder.
+and the newest KEEP_SAMPLES samples (what the node's strip shows); a failed run also keeps the last
+LOG_LINES lines of its train.log (each cut to LOG_LINE_CHARS), shown under the error. Every event
+stays in events.jsonl and every sample in the run folder.
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from ..engine.events import iter_events
+from ..engine.launch.launcher import log_tail
 from . import compat
 
 log = logging.getLogger("PipeTrain")
@@ -29,6 +31,8 @@ KEEP_SAMPLES = 8  # sample steps a run's state keeps (web/pipetrain.js shows the
 SNAPSHOT_POINTS = 600  # step events in a snapshot: ~2 per pixel of a default-width node's chart
 RECENT = 64  # newest events a snapshot keeps whole: the status and the ETA's window (50 steps)
 KEEP_PER_KIND = 16  # of every other kind (sampling, sample, saved, checkpoint, warning ...), the newest
+LOG_LINES = 12  # of a failed run's train.log, in the status message and the snapshot
+LOG_LINE_CHARS = 300
 _SERIES = ("step", "eval")  # downsampled, not cut: the chart draws all of them
 
 _lock = threading.Lock()
@@ -55,7 +59,7 @@ class RunFeed:
     def __init__(self, node_id: str | None, run_name: str, run_dir: str, total: int, events_start: int):
         self.node = str(node_id) if node_id is not None else ""
         self.state = {"node": self.node, "run": run_name, "run_dir": run_dir, "total": total,
-                      "events_start": events_start, "samples": [], "status": "loading", "reason": ""}
+                      "events_start": events_start, "samples": [], "status": "loading", "reason": "", "log": []}
         if self.node:
             with _lock:
                 _runs.pop(self.node, None)
@@ -82,8 +86,18 @@ class RunFeed:
         self.send("samples", **entry)
 
     def status(self, status: str, reason: str = "") -> None:
-        self.state.update(status=status, reason=reason)
-        self.send("status", status=status, reason=reason)
+        log_lines = last_log_lines(self.state["run_dir"]) if status == "failed" else []
+        self.state.update(status=status, reason=reason, log=log_lines)
+        self.send("status", status=status, reason=reason, log=log_lines)
+
+
+def last_log_lines(run_dir: str) -> list[str]:
+    """The end of a run's train.log, bounded (LOG_LINES lines of at most LOG_LINE_CHARS characters)."""
+    try:
+        text = log_tail(run_dir, LOG_LINES)
+    except OSError:
+        return []
+    return [line if len(line) <= LOG_LINE_CHARS else line[:LOG_LINE_CHARS - 1] + "…" for line in text.splitlines()]
 
 
 def run_state(node_id: str) -> dict | None:
@@ -94,7 +108,8 @@ def run_state(node_id: str) -> dict | None:
         return None
     events = [_lean(e) for e in condense(iter_events(state["run_dir"], state["events_start"]))]
     return {"node": state["node"], "run": state["run"], "total": state["total"], "status": state["status"],
-            "reason": state["reason"], "events": events, "samples": list(state["samples"])}
+            "reason": state["reason"], "log": list(state.get("log", [])), "events": events,
+            "samples": list(state["samples"])}
 
 
 def condense(events: Iterable[dict]) -> list[dict]:

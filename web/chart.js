@@ -1,11 +1,21 @@
-// PipeTrain's training view, the pure part: run state from messages, loss smoothing, ETA, chart
-// layout and drawing on any CanvasRenderingContext2D-like object. No DOM or ComfyUI imports, so
-// tests/ui/chart.test.mjs runs it under plain node.
+// PipeTrain's training view, the pure part: run state from messages, loss smoothing, ETA and the
+// chart's layout (chart_draw.js draws it on any CanvasRenderingContext2D-like object). No DOM or
+// ComfyUI imports, so tests/ui/chart.test.mjs runs it under plain node.
 
 /** A fresh run state. steps: [[step, loss, lr, time, grad norm or null], ...] in step order (the grad norm is
  *  the gradient norm before clipping; runs from before it have none); evals: [[step, eval loss], ...]. */
 export function emptyRun(run = "", total = 0) {
-  return { run, total, steps: [], evals: [], samples: [], status: "idle", reason: "", warnings: [] };
+  return { run, total, steps: [], evals: [], samples: [], status: "idle", reason: "", warnings: [], log: [] };
+}
+
+/** Whether run folder `run` is the run a TrainPipeline node's settings name: with resume off, its
+ *  run_name or that name with the _2, _3... suffix a taken name gets (nodes/runs.py new_run_dir);
+ *  when resuming, the named run (any run for "latest", the newest one with a checkpoint). */
+export function runMatches(run, { runName = "", resume = "off" } = {}) {
+  if (!run) return false;
+  if (resume && resume !== "off") return resume === "latest" || run === resume;
+  const name = String(runName).trim();
+  return !!name && (run === name || (run.startsWith(`${name}_`) && /^\d+$/.test(run.slice(name.length + 1))));
 }
 
 const FINISHED = new Set(["done", "cancelled", "failed"]);
@@ -85,6 +95,7 @@ export function applyMessage(state, msg) {
   } else if (msg.type === "status") {
     state.status = msg.status;
     if (msg.reason) state.reason = msg.reason;
+    if (Array.isArray(msg.log)) state.log = msg.log;
   }
   return state;
 }
@@ -97,6 +108,7 @@ export function stateFromSnapshot(snap) {
   for (const s of snap.samples || []) state = applyMessage(state, { type: "samples", run: snap.run, ...s });
   if (snap.status && snap.status !== "loading") state.status = snap.status;
   if (snap.reason) state.reason = snap.reason;
+  if (Array.isArray(snap.log)) state.log = snap.log;
   return state;
 }
 
@@ -147,7 +159,7 @@ export function formatDuration(seconds) {
 const STATUS_WORDS = {
   idle: "not started", loading: "loading the model", training: "training", sampling: "rendering samples",
   saving: "saving", stopping: "stopping (checkpoint)", done: "done", cancelled: "cancelled", failed: "failed",
-  caching: "caching latents",
+  caching: "caching latents", queued: "queued",
 };
 
 /** A gradient norm in 3 significant digits ("0.0123", "4.56", "1.23e+3"). */
@@ -178,9 +190,34 @@ export function niceTicks(min, max, count = 5) {
   const raw = (max - min) / Math.max(1, count);
   const mag = Math.pow(10, Math.floor(Math.log10(raw)));
   const step = [1, 2, 5, 10].map((f) => f * mag).find((s) => s >= raw) || 10 * mag;
+  return ticksEvery(min, max, step);
+}
+
+function ticksEvery(min, max, step) {
   const ticks = [];
-  for (let v = Math.ceil(min / step) * step; v <= max + step * 1e-9; v += step) ticks.push(Number(v.toPrecision(12)));
+  for (let v = Math.ceil(min / step - 1e-9) * step; v <= max + step * 1e-9; v += step) ticks.push(Number(v.toPrecision(12)));
   return ticks;
+}
+
+/** A y axis of round ticks: [min, max] widened to multiples of a 1/2/2.5/5 step chosen so that
+ *  `lo`..`hi` ticks (5-6) cover it; {min, max, step, ticks}. */
+export function niceRange(min, max, lo = 5, hi = 6) {
+  if (!Number.isFinite(min) || !Number.isFinite(max) || max <= min) return { min, max, step: 0, ticks: [min] };
+  const target = (lo + hi) / 2;
+  let best = null;
+  const mag0 = Math.floor(Math.log10((max - min) / target));
+  for (let e = mag0 - 1; e <= mag0 + 1; e++) {
+    for (const f of [1, 2, 2.5, 5]) {
+      const step = f * Math.pow(10, e);
+      const a = Math.floor(min / step + 1e-9) * step;
+      const b = Math.ceil(max / step - 1e-9) * step;
+      const n = Math.round((b - a) / step) + 1;
+      const miss = n < lo ? lo - n : n > hi ? n - hi : 0;
+      if (!best || miss < best.miss || (miss === best.miss && step > best.step)) best = { miss, step, a, b };
+    }
+  }
+  const { step, a, b } = best;
+  return { min: Number(a.toPrecision(12)), max: Number(b.toPrecision(12)), step, ticks: ticksEvery(a, b, step) };
 }
 
 /** At most `maxPoints` points kept, each bucket's min and max (spikes stay visible). */
@@ -203,18 +240,17 @@ export function downsample(points, maxPoints) {
   return out;
 }
 
-export const PAD = { left: 46, right: 10, top: 10, bottom: 22 };
+// Room around the plot: the legend above, loss ticks and title left, LR ticks right, step ticks and title below.
+export const PAD = { left: 56, right: 44, top: 18, bottom: 32 };
 
-/** Right end of the x axis: the run's total once a tenth of it is done; before that a little past
- *  the newest step, so the first steps of a long run are not squeezed into the left edge. */
+/** Right end of the x axis: the whole run (its total steps, also before the first step); a run
+ *  without a known total ends at its newest step. */
 export function xEnd(lastStep, total) {
-  const ahead = Math.max(10, Math.ceil(lastStep * 1.25));
-  if (!total) return Math.max(lastStep, 1);
-  return Math.max(lastStep, Math.min(total, ahead));
+  return Math.max(lastStep, total > 0 ? total : 1);
 }
 
 /** Scales for the chart: x over steps (0..xEnd), y over the loss range (and extraYs, the eval
- *  losses) with a little margin. */
+ *  losses) with a little margin, widened to 5-6 round ticks (yTicks). */
 export function layout(steps, total, width, height, pad = PAD, extraYs = []) {
   const xs = steps.map((r) => r[0]);
   const ys = steps.map((r) => r[1]).concat(extraYs).filter(Number.isFinite);
@@ -227,12 +263,13 @@ export function layout(steps, total, width, height, pad = PAD, extraYs = []) {
     y1 += 0.5 * Math.abs(y1 || 1);
   }
   const margin = (y1 - y0) * 0.05;
-  y0 -= margin;
-  y1 += margin;
+  const range = niceRange(y0 - margin, y1 + margin);
+  y0 = range.min;
+  y1 = range.max;
   const w = Math.max(1, width - pad.left - pad.right);
   const h = Math.max(1, height - pad.top - pad.bottom);
   return {
-    x0, x1, y0, y1, pad, width, height,
+    x0, x1, y0, y1, pad, width, height, yTicks: range.ticks,
     sx: (s) => pad.left + ((s - x0) / (x1 - x0)) * w,
     sy: (v) => pad.top + (1 - (v - y0) / (y1 - y0)) * h,
     stepAt: (px) => x0 + ((px - pad.left) / w) * (x1 - x0),
@@ -250,71 +287,4 @@ export function nearestStep(steps, s) {
     else hi = mid;
   }
   return Math.abs(steps[lo][0] - s) <= Math.abs(steps[hi][0] - s) ? steps[lo] : steps[hi];
-}
-
-export const COLORS = { raw: "rgba(120,160,255,0.35)", smooth: "#4c8dff", axis: "#888", text: "#ccc", hover: "#ffb347",
-  eval: "#5fd38d" };
-
-function polyline(ctx, pts, L) {
-  ctx.beginPath();
-  pts.forEach(([s, v], i) => (i ? ctx.lineTo(L.sx(s), L.sy(v)) : ctx.moveTo(L.sx(s), L.sy(v))));
-  ctx.stroke();
-}
-
-/** Draw the loss chart (raw and smoothed, eval losses as green squares) and, when hoverPx is set,
- *  the hovered step with its LR and gradient norm (a readout, not a series: its scale is not the loss's). Returns what was drawn ({layout, hover}), for tests and the caller's tooltip. */
-export function drawChart(ctx, state, width, height, hoverPx = null) {
-  ctx.clearRect(0, 0, width, height);
-  const evals = state.evals || [];
-  const L = layout(state.steps, state.total, width, height, PAD, evals.map((r) => r[1]));
-  ctx.strokeStyle = COLORS.axis;
-  ctx.fillStyle = COLORS.text;
-  ctx.lineWidth = 1;
-  ctx.font = "10px sans-serif";
-  ctx.beginPath();
-  ctx.moveTo(L.pad.left, L.pad.top);
-  ctx.lineTo(L.pad.left, height - L.pad.bottom);
-  ctx.lineTo(width - L.pad.right, height - L.pad.bottom);
-  ctx.stroke();
-  for (const v of niceTicks(L.y0, L.y1, 4)) ctx.fillText(v.toPrecision(3), 2, L.sy(v) + 3);
-  for (const s of niceTicks(L.x0, L.x1, 5)) ctx.fillText(String(s), L.sx(s) - 6, height - 6);
-  if (!state.steps.length) {
-    ctx.fillText("loss appears here once training steps arrive", L.pad.left + 8, L.pad.top + 14);
-    return { layout: L, hover: null };
-  }
-  const maxPts = Math.max(2, Math.floor(width - L.pad.left - L.pad.right) * 2);
-  const raw = downsample(state.steps.map((r) => [r[0], r[1]]), maxPts);
-  const sm = smooth(state.steps.map((r) => r[1]), autoWeight(state.steps.length));
-  const smoothPts = downsample(state.steps.map((r, i) => [r[0], sm[i]]), maxPts);
-  ctx.strokeStyle = COLORS.raw;
-  polyline(ctx, raw, L);
-  ctx.strokeStyle = COLORS.smooth;
-  ctx.lineWidth = 2;
-  polyline(ctx, smoothPts, L);
-  ctx.lineWidth = 1;
-  if (evals.length) {
-    ctx.fillStyle = COLORS.eval;
-    for (const [s, v] of evals) ctx.fillRect(L.sx(s) - 2.5, L.sy(v) - 2.5, 5, 5);
-    ctx.fillText("\u25A0 eval", width - L.pad.right - 40, L.pad.top + 10);
-  }
-  let hover = null;
-  if (hoverPx !== null && hoverPx >= L.pad.left) {
-    const rec = nearestStep(state.steps, L.stepAt(hoverPx));
-    if (rec) {
-      const i = state.steps.indexOf(rec);
-      const ev = evals.find((r) => r[0] === rec[0]);
-      const norm = Number.isFinite(rec[4]) ? rec[4] : null;
-      hover = { step: rec[0], loss: rec[1], smoothed: sm[i], lr: rec[2], eval: ev ? ev[1] : null, gradNorm: norm };
-      ctx.strokeStyle = COLORS.hover;
-      ctx.beginPath();
-      ctx.moveTo(L.sx(rec[0]), L.pad.top);
-      ctx.lineTo(L.sx(rec[0]), height - L.pad.bottom);
-      ctx.stroke();
-      ctx.fillStyle = COLORS.hover;
-      const label = `step ${rec[0]}  loss ${rec[1].toFixed(4)}  smoothed ${sm[i].toFixed(4)}  lr ${rec[2].toExponential(2)}` +
-        (norm !== null ? `  grad ${formatNorm(norm)}` : "") + (ev ? `  eval ${ev[1].toFixed(4)}` : "");
-      ctx.fillText(label, L.pad.left + 4, L.pad.top + 10);
-    }
-  }
-  return { layout: L, hover };
 }

@@ -5,20 +5,27 @@
 //   cancelled, failed + reason), step / total / loss / grad norm / ETA, a live loss chart (raw +
 //   smoothed; LR and gradient norm on hover) and a strip of the newest samples. It is fed by
 //   `pipetrain.run` messages keyed by node id (nodes/ui_feed.py) and, after a page reload, by
-//   GET /pipetrain/run_state?node=<id>.
-// The state, smoothing and drawing live in chart.js (pure, unit-tested under node).
+//   GET /pipetrain/run_state?node=<id>. A node shows only the run its settings name (run_name, or the
+//   run it resumes: runMatches); queueing a prompt resets its view until its run reports (or the
+//   prompt reuses its cached result); a failed run shows its error and the last lines of its log.
+// - The multiline `folders` and `sample_prompts` boxes keep their name above their text.
+// The state, smoothing and layout live in chart.js, the drawing in chart_draw.js (pure, unit-tested under node).
 // Only the frontend's public extension API is used: `app` and `api` from scripts/app.js and
 // scripts/api.js, the registerExtension hooks, LiteGraph's node.addDOMWidget and api events. Other
 // scripts/*.js modules are the frontend's internals (tests/unit/test_ui_chart.py fails on an import of one).
 import { app } from "../../scripts/app.js";
 import { api } from "../../scripts/api.js";
-import { applyMessage, drawChart, emptyRun, stateFromSnapshot, statusLine } from "./chart.js";
+import { applyMessage, emptyRun, runMatches, stateFromSnapshot, statusLine } from "./chart.js";
+import { drawChart } from "./chart_draw.js";
 
 const NODES_WITH_SUMMARY = new Set(["PipeTrainTrainPipeline", "PipeTrainSaveLoRA", "PipeTrainLoadDataset",
   "PipeTrainCacheLatents"]);
 const TRAIN_NODE = "PipeTrainTrainPipeline";
 const STRIP_IMAGES = 8;
-const CHART_HEIGHT = 150;
+const CHART_HEIGHT = 170;
+const STRIP_HEIGHT = 72;
+const LABELLED_BOXES = new Set(["folders", "sample_prompts"]); // multiline inputs whose placeholder is their only name
+const SETTINGS = ["run_name", "resume", "steps"]; // the widgets that decide which run (and axis) the view shows
 const SUMMARY_LINES = 8;
 const runs = new Map(); // node id (string) -> run state
 
@@ -36,12 +43,16 @@ function showText(node, text) {
     box.className = "pipetrain-summary";
     box.readOnly = true;
     box.spellcheck = false;
-    box.style.cssText = "width:100%;height:100%;box-sizing:border-box;resize:none;white-space:pre;overflow:auto;"
+    // Long lines (a LoRA path) wrap instead of being cut at the box's edge.
+    box.style.cssText = "width:100%;height:100%;box-sizing:border-box;resize:none;white-space:pre-wrap;"
+      + "overflow-wrap:anywhere;overflow:auto;"
       + "font:11px/14px monospace;color:var(--descrip-text,#aaa);background:var(--comfy-input-bg,#222);"
       + "border:1px solid var(--border-color,#444);border-radius:4px;padding:4px;";
     // As tall as its lines (up to SUMMARY_LINES), so a one-line summary does not push into the node
     // below; the frontend takes the widget's margin (above and below the box) out of this height.
-    const lines = () => Math.min(SUMMARY_LINES, box.value.split("\n").length);
+    // The box's text width: its own once it is on the page, else the node's less margins, padding and border.
+    const textWidth = () => (box.clientWidth ? box.clientWidth - 8 : node.size[0] - 2 * (widget?.margin ?? 4) - 10);
+    const lines = () => Math.min(SUMMARY_LINES, wrappedLines(box.value, textWidth()));
     const height = () => lines() * 14 + 12 + 2 * (widget?.margin ?? 10);
     widget = node.addDOMWidget("pipetrain_summary", "pipetrain_summary", box, {
       serialize: false, // display only: never saved into the workflow's widget values
@@ -56,7 +67,62 @@ function showText(node, text) {
   }
   widget.value = text;
   fitNode(node);
+  requestAnimationFrame(() => fitNode(node)); // again once the box has its width on the page
   node.setDirtyCanvas(true, true);
+}
+
+let monoWidth = 0; // px a character of the summary box's 11px monospace font
+function wrappedLines(text, width) {
+  // Lines the box shows once long ones wrap.
+  if (!monoWidth) {
+    const ctx = document.createElement("canvas").getContext("2d");
+    if (ctx) {
+      ctx.font = "11px monospace";
+      monoWidth = ctx.measureText("0123456789").width / 10;
+    }
+  }
+  const columns = Math.max(10, Math.floor(width / (monoWidth || 6.7)));
+  let count = 0;
+  for (const line of text.split("\n")) {
+    // Greedy word wrap as the browser does it: a word that does not fit the rest of the line starts the
+    // next one, a word longer than a line is broken.
+    let used = 0;
+    count += 1;
+    for (const word of line.split(" ")) {
+      const need = used ? used + 1 + word.length : word.length;
+      if (need <= columns) used = need;
+      else {
+        count += used ? 1 : 0;
+        count += Math.floor(Math.max(0, word.length - 1) / columns);
+        used = word.length % columns || columns;
+      }
+    }
+  }
+  return count;
+}
+
+function labelBox(widget) {
+  // A multiline box shows its name only as a placeholder, gone once it holds text: draw the name in
+  // the box's top padding (a background image, so the frontend's own element and value stay as they are).
+  const box = widget?.inputEl || widget?.element;
+  if (!(box instanceof HTMLTextAreaElement) || box.dataset.pipetrainLabel) return;
+  const name = String(widget.label || widget.name).replace(/[<>&"]/g, "");
+  const svg = `<svg xmlns="http://www.w3.org/2000/svg" width="${name.length * 7 + 8}" height="14">`
+    + `<text x="3" y="10" font-family="sans-serif" font-size="10" fill="#8c8c8c">${name}</text></svg>`;
+  box.dataset.pipetrainLabel = name;
+  if (box.placeholder === widget.name) box.placeholder = ""; // the label says it already (a real hint stays)
+  box.style.backgroundImage = `url("data:image/svg+xml,${encodeURIComponent(svg)}")`;
+  box.style.backgroundRepeat = "no-repeat";
+  box.style.backgroundPosition = "left 2px top 1px";
+  box.style.paddingTop = "15px";
+  // Room for the label and three lines of text (the frontend reads a DOM widget's minimum from this variable).
+  box.style.setProperty("--comfy-widget-min-height", "64");
+}
+
+function settings(node) {
+  const value = (name) => node.widgets?.find((w) => w.name === name)?.value;
+  return { runName: String(value("run_name") ?? ""), resume: String(value("resume") ?? "off"),
+           steps: Number(value("steps")) || 0 };
 }
 
 function imageUrl(ref) {
@@ -64,22 +130,43 @@ function imageUrl(ref) {
   return api.apiURL(`/view?${q}`);
 }
 
+// The training view's height: status, chart, strip, scroll hint, the gaps between them and the margin.
+const viewHeight = () => 14 + CHART_HEIGHT + STRIP_HEIGHT + 14 + 3 * 4 + 20;
+
 function buildView(node) {
   const root = document.createElement("div");
   root.className = "pipetrain-view";
-  root.style.cssText = "display:flex;flex-direction:column;gap:4px;font:11px sans-serif;color:var(--input-text,#ddd);";
+  root.style.cssText = "display:flex;flex-direction:column;gap:4px;font:11px sans-serif;color:var(--input-text,#ddd);"
+    + "overflow:hidden;";
   const status = document.createElement("div");
   status.className = "pipetrain-status";
-  status.style.cssText = "white-space:nowrap;overflow:hidden;text-overflow:ellipsis;";
+  status.style.cssText = "white-space:nowrap;overflow:hidden;text-overflow:ellipsis;flex-shrink:0;min-height:14px;";
   const canvas = document.createElement("canvas");
   canvas.className = "pipetrain-chart";
-  canvas.style.cssText = `width:100%;height:${CHART_HEIGHT}px;background:rgba(0,0,0,0.25);border-radius:4px;`;
+  canvas.style.cssText = `width:100%;height:${CHART_HEIGHT}px;background:rgba(0,0,0,0.25);border-radius:4px;flex-shrink:0;`;
   const strip = document.createElement("div");
   strip.className = "pipetrain-samples";
-  strip.style.cssText = "display:flex;gap:3px;overflow-x:auto;min-height:0;";
-  root.append(status, canvas, strip);
+  // A strip wider than the node scrolls: a visible scrollbar, the right edge faded, and a "scroll" hint.
+  strip.style.cssText = `display:flex;gap:3px;overflow-x:auto;min-height:${STRIP_HEIGHT}px;scrollbar-width:thin;`;
+  const more = document.createElement("div");
+  more.className = "pipetrain-samples-more";
+  more.style.cssText = "display:none;text-align:right;color:var(--descrip-text,#999);";
+  const error = document.createElement("pre");
+  error.className = "pipetrain-error";
+  error.style.cssText = `display:none;margin:0;height:${STRIP_HEIGHT + 14}px;overflow:auto;white-space:pre-wrap;`
+    + "overflow-wrap:anywhere;font:10px/13px monospace;color:#ff9b9b;background:rgba(80,0,0,0.25);"
+    + "border-radius:4px;padding:3px;box-sizing:border-box;";
+  root.append(status, canvas, strip, more, error);
 
-  const view = { root, status, canvas, strip, hoverPx: null, shownSamples: "" };
+  const view = { root, status, canvas, strip, more, error, hoverPx: null, shownSamples: "" };
+  const hint = () => {
+    const hidden = strip.scrollWidth - strip.clientWidth - strip.scrollLeft > 2;
+    more.style.display = strip.scrollWidth > strip.clientWidth + 2 ? "block" : "none";
+    more.textContent = hidden ? `${strip.children.length} samples · scroll → for more` : `${strip.children.length} samples`;
+    strip.style.maskImage = hidden ? "linear-gradient(to right, black 85%, transparent)" : "none";
+  };
+  strip.addEventListener("scroll", hint);
+  view.hint = hint;
   canvas.addEventListener("mousemove", (e) => {
     const rect = canvas.getBoundingClientRect();
     view.hoverPx = ((e.clientX - rect.left) / rect.width) * canvas.width;
@@ -92,7 +179,8 @@ function buildView(node) {
   const widget = node.addDOMWidget("pipetrain_view", "pipetrain_view", root, {
     serialize: false,
     hideOnZoom: false,
-    getMinHeight: () => CHART_HEIGHT + 90,
+    getMinHeight: viewHeight,
+    getMaxHeight: viewHeight, // a taller node gives its room to the multiline boxes (sample_prompts)
   });
   widget.serialize = false;
   node.pipetrainView = view;
@@ -101,10 +189,14 @@ function buildView(node) {
 
 function render(node) {
   const view = node.pipetrainView;
-  const state = runs.get(String(node.id));
   if (!view) return;
-  // Before any run, the axis spans the node's own step count.
-  const st = state || emptyRun("", Number(node.widgets?.find((w) => w.name === "steps")?.value) || 0);
+  // Only the run this node's settings name (a placeholder state, caching or queued, has no run yet);
+  // before any run, the axis spans the node's own step count.
+  const set = settings(node);
+  const state = runs.get(String(node.id));
+  const shown = state && (!state.run || runMatches(state.run, set)) ? state : null;
+  const st = shown || emptyRun("", set.steps);
+  if (!st.total && !st.run) st.total = set.steps;
   view.status.textContent = statusLine(st) + (st.warnings.length ? `  ⚠ ${st.warnings[st.warnings.length - 1]}` : "");
   view.status.title = [statusLine(st), ...st.warnings].join("\n");
   view.root.dataset.status = st.status;
@@ -114,6 +206,16 @@ function render(node) {
   if (view.canvas.height !== CHART_HEIGHT) view.canvas.height = CHART_HEIGHT;
   const ctx = view.canvas.getContext("2d");
   if (ctx) drawChart(ctx, st, view.canvas.width, view.canvas.height, view.hoverPx);
+  const failed = st.status === "failed";
+  view.error.style.display = failed ? "block" : "none";
+  view.strip.style.display = failed ? "none" : "flex";
+  if (failed) {
+    const text = [`failed: ${st.reason || "see train.log in the run folder"}`, ...(st.log?.length ? ["", "last lines of train.log:", ...st.log] : [])].join("\n");
+    if (view.error.textContent !== text) {
+      view.error.textContent = text;
+      view.error.scrollTop = view.error.scrollHeight;
+    }
+  }
 
   const newest = [];
   for (let i = st.samples.length - 1; i >= 0 && newest.length < STRIP_IMAGES; i--) {
@@ -127,10 +229,12 @@ function render(node) {
       const img = document.createElement("img");
       img.src = imageUrl(n.ref);
       img.title = `step ${n.step}: ${n.prompt || ""}`;
-      img.style.cssText = "height:72px;width:auto;border-radius:3px;";
+      img.style.cssText = `height:${STRIP_HEIGHT - 8}px;width:auto;border-radius:3px;`;
+      img.addEventListener("load", view.hint);
       return img;
     }));
   }
+  view.hint();
   node.setDirtyCanvas(true, false);
 }
 
@@ -143,7 +247,11 @@ async function restore(node) {
   try {
     const res = await api.fetchApi(`/pipetrain/run_state?node=${encodeURIComponent(node.id)}`);
     if (res.status !== 200) return;
-    runs.set(String(node.id), stateFromSnapshot(await res.json()));
+    const snap = await res.json();
+    // Node ids repeat across workflows: another workflow's run (or an older run of this node under
+    // another name) is not this node's.
+    if (!runMatches(snap.run, settings(node))) return;
+    runs.set(String(node.id), stateFromSnapshot(snap));
     render(node);
   } catch (e) {
     console.warn("PipeTrain: could not restore the run view", e);
@@ -162,7 +270,10 @@ function onRunMessage(event) {
 function onExecuting(event) {
   // CacheLatents runs before training: show "caching latents" on the TrainPipeline nodes.
   const id = event.detail;
-  if (id === null || id === undefined) return;
+  if (id === null || id === undefined) {
+    unqueue(); // the prompt is over
+    return;
+  }
   const running = app.graph?.getNodeById(Number(id));
   if (running?.comfyClass !== "PipeTrainCacheLatents") return;
   for (const node of trainNodes()) {
@@ -175,14 +286,86 @@ function onExecuting(event) {
   }
 }
 
+const stashed = new Map(); // node id -> the view's state before the prompt now queued
+
+function onPromptQueued() {
+  // A new prompt: the old run's chart and status go (kept aside in case the prompt reuses the node's
+  // cached result); a node that is still training keeps its view.
+  for (const node of trainNodes()) {
+    const id = String(node.id);
+    const st = runs.get(id);
+    if (st && !["idle", "done", "cancelled", "failed"].includes(st.status)) continue;
+    if (st) stashed.set(id, st);
+    const fresh = emptyRun("", settings(node).steps);
+    fresh.status = "queued";
+    runs.set(id, fresh);
+    render(node);
+  }
+}
+
+function onCached(event) {
+  // The prompt reuses a node's result without training: show the run that made it again.
+  for (const id of (event.detail?.nodes || []).map(String)) {
+    const node = app.graph?.getNodeById(isNaN(Number(id)) ? id : Number(id));
+    if (!stashed.has(id) || runs.get(id)?.status !== "queued") continue;
+    runs.set(id, stashed.get(id));
+    stashed.delete(id);
+    if (node?.pipetrainView) render(node);
+  }
+}
+
+function unqueue() {
+  // A prompt that ended before a node's run began (it did not include the node, or an earlier node
+  // failed): the node shows what it showed before the prompt.
+  for (const node of trainNodes()) {
+    const id = String(node.id);
+    const st = runs.get(id);
+    if (!st || st.run || !["queued", "caching"].includes(st.status)) continue;
+    if (stashed.has(id)) runs.set(id, stashed.get(id));
+    else runs.delete(id);
+    stashed.delete(id);
+    render(node);
+  }
+}
+
+function onExecutionError(event) {
+  // Errors raised before the run has a feed (a setting the preflight refuses) or after it: the node says
+  // failed with the message (the message of a training failure carries the last lines of train.log).
+  const d = event.detail || {};
+  const node = app.graph?.getNodeById(Number(d.node_id));
+  if (!node || (node.comfyClass !== TRAIN_NODE && node.type !== TRAIN_NODE)) {
+    unqueue();
+    return;
+  }
+  const id = String(node.id);
+  const st = runs.get(id)?.run ? runs.get(id) : emptyRun("", settings(node).steps);
+  const [first, ...rest] = String(d.exception_message || d.exception_type || "error").trim().split("\n");
+  st.status = "failed";
+  if (!st.reason) st.reason = first;
+  if (!st.log?.length) st.log = rest.slice(-12);
+  runs.set(id, st);
+  stashed.delete(id);
+  render(node);
+}
+
 // Listen from the moment this module loads: a reloaded page may get messages before setup().
 api.addEventListener("pipetrain.run", onRunMessage);
 api.addEventListener("executing", onExecuting);
+api.addEventListener("promptQueued", onPromptQueued);
+api.addEventListener("execution_cached", onCached);
+api.addEventListener("execution_error", onExecutionError);
+api.addEventListener("execution_interrupted", unqueue);
 
 app.registerExtension({
   name: "PipeTrain.TrainingView",
   async beforeRegisterNodeDef(nodeType, nodeData) {
     if (!NODES_WITH_SUMMARY.has(nodeData.name)) return;
+    const created = nodeType.prototype.onNodeCreated;
+    nodeType.prototype.onNodeCreated = function () {
+      const r = created?.apply(this, arguments);
+      for (const w of this.widgets || []) if (LABELLED_BOXES.has(w.name)) labelBox(w);
+      return r;
+    };
     const onExecuted = nodeType.prototype.onExecuted;
     nodeType.prototype.onExecuted = function (message) {
       onExecuted?.apply(this, arguments);
@@ -193,6 +376,16 @@ app.registerExtension({
     nodeType.prototype.onNodeCreated = function () {
       const r = onNodeCreated?.apply(this, arguments);
       buildView(this);
+      const node = this;
+      for (const w of this.widgets || []) {
+        if (!SETTINGS.includes(w.name)) continue;
+        const callback = w.callback;
+        w.callback = function () {
+          const r2 = callback?.apply(this, arguments);
+          requestAnimationFrame(() => render(node));
+          return r2;
+        };
+      }
       fitNode(this);
       if (this.size[0] < 380) this.setSize([380, this.size[1]]);
       requestAnimationFrame(() => render(this));

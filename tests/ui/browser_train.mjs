@@ -1,12 +1,16 @@
 // Browser test of the training view, driven by tests/ui/test_ui_browser.py against a real ComfyUI:
 // open the example workflow from ComfyUI's template browser, press Run, see the loss chart fill and a sample appear (strip and node
 // preview), reload the page mid-run and see the chart come back, press Cancel and see the run stop.
+// Then each example workflow's layout: no overlapping nodes once loaded and once its nodes show results
+// (tests/ui/template_layout.mjs), and a fresh template's node shows no other run; last, a failed run's
+// view (error and log lines), reset by a newly queued prompt and shown again when that prompt ends.
 // Screenshots go to <artifacts dir>; the last stdout line is a JSON summary for the Python side.
 //
 //   node tests/ui/browser_train.mjs <comfyui url> <artifacts dir> <run name> <number of example workflows>
 import fs from "node:fs";
 import path from "node:path";
 import { openBrowser, openComfy } from "../../tools/chromium.mjs";
+import { checkTemplateInPage, showGraphPartInPage } from "./template_layout.mjs";
 
 const [url, artifacts, runName, templateCount] = process.argv.slice(2);
 const TRAIN_ID = 8;
@@ -33,6 +37,7 @@ async function view() {
       points: Number(root.dataset.points || 0),
       line: root.querySelector(".pipetrain-status")?.textContent || "",
       samplesLoaded: imgs.filter((i) => i.complete && i.naturalWidth > 0).length,
+      more: root.querySelector(".pipetrain-samples-more")?.textContent || "",
       preview: (previews.length || 0) + (node.imgs?.length || 0),
     };
   }, TRAIN_ID);
@@ -112,6 +117,7 @@ try {
     // A LoRA name of its own: an earlier test of this server may have saved the template's name.
     window.app.graph.getNodeById(9).widgets.find((w) => w.name === "name").value = runName;
   }, { runName });
+  summary.loadedStatus = (await view())?.status; // an earlier run of this server is not this node's
   await focusTrainNode();
   await shot("01_loaded.png");
 
@@ -181,6 +187,45 @@ try {
              serialized: (node.serialize().widgets_values?.length ?? 0) - before, expected: text };
   }, SAVE_ID);
   await shot("06_summary.png");
+
+  // Each example workflow, opened fresh: its layout before and after results, its node's training view.
+  const image = await page.evaluate((id) => window.PipeTrainView.runs.get(String(id))?.samples.at(-1)?.images[0], TRAIN_ID);
+  summary.layouts = {};
+  for (const file of fs.readdirSync("example_workflows").filter((f) => f.endsWith(".json")).sort()) {
+    const name = file.replace(/\.json$/, "");
+    const workflow = JSON.parse(fs.readFileSync(path.join("example_workflows", file), "utf8"));
+    const result = await page.evaluate(checkTemplateInPage, { workflow, image, trainId: TRAIN_ID });
+    for (const part of ["left", "right"]) {
+      await page.evaluate(showGraphPartInPage, { ...VIEW, part });
+      await page.waitForTimeout(400);
+      await shot(`07_layout_${name}_${part}.png`);
+    }
+    summary.layouts[name] = result;
+  }
+
+  // The last template's node through a failed run (the messages nodes/ui_feed.py sends), then a new
+  // prompt queued (the view resets) that ends before training (the failed run shows again).
+  summary.failedView = await page.evaluate(async (id) => {
+    const { api } = await import("/scripts/api.js");
+    const node = window.app.graph.getNodeById(id);
+    const run = node.widgets.find((w) => w.name === "run_name").value;
+    const send = (type, extra) => api.dispatchEvent(new CustomEvent("pipetrain.run", { detail: { node: String(id), run, type, ...extra } }));
+    send("reset", { total: 60, status: "loading" });
+    send("event", { event: { event: "step", step: 1, total: 60, loss: 0.5, lr: 1e-4, time: 1 } });
+    send("status", { status: "failed", reason: "RuntimeError: CUDA out of memory (a test message)",
+                     log: ["step 1/60 loss 0.5000", "Traceback (most recent call last):", "RuntimeError: CUDA out of memory"] });
+    await new Promise((r) => setTimeout(r, 300));
+    const root = node.pipetrainView.root;
+    const failed = { status: root.dataset.status, error: root.querySelector(".pipetrain-error").textContent,
+                     // (its display, not its size: a node outside the canvas's view has its DOM widgets hidden)
+                     shown: getComputedStyle(root.querySelector(".pipetrain-error")).display !== "none" };
+    api.dispatchEvent(new CustomEvent("promptQueued", { detail: { number: 1, batchCount: 1 } }));
+    const queued = root.dataset.status;
+    api.dispatchEvent(new CustomEvent("executing", { detail: null }));
+    return { ...failed, queued, afterPrompt: root.dataset.status };
+  }, TRAIN_ID);
+  await focusTrainNode();
+  await shot("08_failed.png");
   summary.ok = true;
 } catch (e) {
   summary.ok = false;

@@ -1,11 +1,12 @@
-// Unit tests of web/chart.js (pure code: state reducer, smoothing, ETA, ticks, layout, drawing).
+// Unit tests of web/chart.js and web/chart_draw.js (pure code: state reducer, smoothing, ETA, ticks, layout, drawing).
 // Run: node --test tests/ui/   (tests/unit/test_ui_chart.py runs them in CI)
 import assert from "node:assert/strict";
 import { test } from "node:test";
 import {
-  applyEvent, applyMessage, autoWeight, downsample, drawChart, emptyRun, etaSeconds, formatDuration, formatNorm, layout,
-  nearestStep, niceTicks, smooth, stateFromSnapshot, statusLine, xEnd,
+  applyEvent, applyMessage, autoWeight, downsample, emptyRun, etaSeconds, formatDuration, formatNorm, layout,
+  nearestStep, niceRange, niceTicks, runMatches, smooth, stateFromSnapshot, statusLine, xEnd,
 } from "../../web/chart.js";
+import { drawChart } from "../../web/chart_draw.js";
 
 const step = (s, loss, t, lr = 1e-3) => ({ event: "step", step: s, total: 10, loss, lr, time: t });
 
@@ -95,6 +96,18 @@ test("ticks are round numbers inside the range", () => {
   assert.deepEqual(niceTicks(3, 3), [3]);
 });
 
+test("the loss axis has 5-6 round ticks and covers the data", () => {
+  for (const [lo, hi] of [[0.0123, 0.0456], [0.09, 0.21], [1, 1000], [0.5, 0.52], [-3, 7], [0.2, 3.1]]) {
+    const r = niceRange(lo, hi);
+    assert.ok(r.ticks.length >= 5 && r.ticks.length <= 6, `${lo}..${hi}: ${r.ticks}`);
+    assert.ok(r.min <= lo && r.max >= hi && r.ticks[0] === r.min && r.ticks[r.ticks.length - 1] === r.max, `${lo}..${hi}`);
+    const mantissa = r.step / Math.pow(10, Math.floor(Math.log10(r.step)));
+    assert.ok([1, 2, 2.5, 5].some((f) => Math.abs(mantissa - f) < 1e-9), `step ${r.step}`);
+  }
+  const L = layout([[1, 0.09, 0, 0], [10, 0.21, 0, 0]], 10, 300, 200);
+  assert.ok(L.yTicks.length >= 5 && L.yTicks.length <= 6 && L.y0 === L.yTicks[0], String(L.yTicks));
+});
+
 test("downsampling keeps spikes and the point count bounded", () => {
   const pts = Array.from({ length: 10000 }, (_, i) => [i, i === 5000 ? 100 : 1]);
   const d = downsample(pts, 200);
@@ -111,11 +124,11 @@ test("layout maps the first/last step and the loss range into the plot area", ()
   assert.ok(Math.abs(L.stepAt(L.sx(7)) - 7) < 1e-9);
   assert.deepEqual(nearestStep([[1], [5], [9]], 6.9), [5]);
   assert.deepEqual(nearestStep([[1], [5], [9]], 7.1), [9]);
-  // a long run's first steps fill the chart; the axis grows toward the total as it trains
-  assert.equal(xEnd(6, 100000), 10);
-  assert.equal(xEnd(800, 100000), 1000);
-  assert.equal(xEnd(90000, 100000), 100000);
+  // the x axis spans the whole run from its first step (and before it); without a total, the steps seen
+  assert.equal(xEnd(6, 100000), 100000);
+  assert.equal(xEnd(0, 60), 60);
   assert.equal(xEnd(12, 0), 12);
+  assert.equal(layout([], 60, 300, 200).x1, 60);
 });
 
 function recorder() {
@@ -189,4 +202,42 @@ test("grad norm: kept per step, in the status line and the hover readout, absent
   applyEvent(old, step(1, 1.0, 1));
   assert.equal(old.steps[0][4], null);
   assert.doesNotMatch(statusLine(old), /grad norm/);
+});
+
+test("the chart reads without hovering: axis titles, legend, LR on its own axis, the newest eval labelled", () => {
+  const st = emptyRun("r", 60);
+  [step(1, 1.0, 1, 0.001), step(2, 0.5, 2, 0.002), step(3, 0.75, 3, 0.002)].forEach((e) => applyEvent(st, e));
+  applyEvent(st, { event: "eval", step: 2, loss: 0.6 });
+  st.total = 60; // the run's total (the helper's events say 10)
+  const ctx = recorder();
+  const { layout: L } = drawChart(ctx, st, 400, 200, null);
+  const texts = ctx.calls.filter((c) => c[0] === "fillText").map((c) => c[1]);
+  for (const label of ["step", "loss", "smoothed", "eval", "LR (right axis)", "eval 0.6000", "2.0e-3", "60"]) {
+    assert.ok(texts.includes(label), `${label} not drawn: ${texts}`);
+  }
+  assert.equal(L.x1, 60, "the x axis spans the whole run");
+  const yLabels = L.yTicks.map(String);
+  assert.ok(yLabels.length >= 5 && yLabels.every((v) => texts.includes(v)), `${yLabels} vs ${texts}`);
+  const before = recorder();
+  drawChart(before, emptyRun("", 60), 400, 200);
+  assert.ok(before.calls.some((c) => c[0] === "fillText" && c[1] === "60"), "before a run the axis ends at steps");
+});
+
+test("a node restores only the run its settings name: run_name (or its _N twin), or the run it resumes", () => {
+  assert.ok(runMatches("demo", { runName: "demo" }) && runMatches("demo_3", { runName: " demo " }));
+  assert.ok(!runMatches("demo_x", { runName: "demo" }) && !runMatches("ui_browser_1", { runName: "demo" }));
+  assert.ok(!runMatches("demo", { runName: "" }) && !runMatches("", { runName: "demo" }));
+  assert.ok(runMatches("old", { runName: "demo", resume: "old" }) && !runMatches("demo", { runName: "demo", resume: "old" }));
+  assert.ok(runMatches("anything", { runName: "demo", resume: "latest" }));
+});
+
+test("a failed run keeps its error and the log's last lines, live and after a reload", () => {
+  const log = ["Traceback (most recent call last):", "RuntimeError: out of memory"];
+  let live = applyMessage(null, { type: "reset", run: "r", total: 10 });
+  live = applyMessage(live, { type: "status", run: "r", status: "failed", reason: "out of memory", log });
+  assert.equal(live.status, "failed");
+  assert.deepEqual(live.log, log);
+  assert.match(statusLine(live), /^failed — out of memory$/);
+  const snap = stateFromSnapshot({ run: "r", total: 10, status: "failed", reason: "out of memory", log, events: [] });
+  assert.deepEqual(snap, live);
 });

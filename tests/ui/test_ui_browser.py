@@ -2,7 +2,9 @@
 server with the pack. Loads the example workflow, presses Run, sees the loss chart fill and a sample
 appear (strip and node preview), reloads the page mid-run and sees the chart come back, presses
 Cancel and sees training stop, then sees SaveLoRA's returned text in its summary box. The workflow is
-opened from ComfyUI's template browser. Screenshots: tests/artifacts/<time>/ (kept by CI as artifacts).
+opened from ComfyUI's template browser. Then each example workflow is opened fresh: no two nodes overlap,
+before and after its nodes show results, its saved node sizes fit their widgets, no summary box cuts
+its text, its multiline boxes are labelled, and its training view shows no other run. Screenshots: tests/artifacts/<time>/ (kept by CI as artifacts).
 The same test runs on each supported ComfyUI (COMFYUI_PATH), so on each one's frontend."""
 from __future__ import annotations
 
@@ -52,5 +54,19 @@ def test_run_chart_samples_reload_and_cancel_in_the_browser(comfy_server, demo_b
     assert events[-1]["event"] == "cancelled", events[-3:]
     assert not engine_processes(str(run_dir)), "a training process outlived Cancel"
     assert (run_dir / "checkpoints" / "latest").is_file()
-    for name in ("02_chart.png", "03_samples.png", "04_after_reload.png", "05_cancelled.png", "06_summary.png"):
+    assert summary["loadedStatus"] == "idle", summary["loadedStatus"]  # not an earlier run of node 8
+    layouts = summary["layouts"]
+    assert sorted(layouts) == sorted(p.stem for p in (REPO / "example_workflows").glob("*.json"))
+    for name, lay in layouts.items():
+        assert lay["loaded"]["overlaps"] == [] and lay["after"]["overlaps"] == [], (name, lay)
+        assert lay["tooSmall"] == [] and lay["after"]["cut"] == [], (name, lay)
+        assert lay["loaded"]["status"] == "idle", (name, lay["loaded"])
+        assert {"folders", "sample_prompts"} <= set(lay["boxLabels"]), (name, lay["boxLabels"])
+        for part in ("left", "right"):
+            assert (artifacts / f"07_layout_{name}_{part}.png").stat().st_size > 10_000, (name, part)
+    failed = summary["failedView"]  # a failed run: its error and the log's last lines on the node
+    assert failed["status"] == "failed" and failed["shown"], failed
+    assert "CUDA out of memory (a test message)" in failed["error"] and "Traceback" in failed["error"], failed
+    assert failed["queued"] == "queued" and failed["afterPrompt"] == "failed", failed  # reset, then shown again
+    for name in ("08_failed.png", "02_chart.png", "03_samples.png", "04_after_reload.png", "05_cancelled.png", "06_summary.png"):
         assert (artifacts / name).stat().st_size > 10_000, name

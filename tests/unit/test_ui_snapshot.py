@@ -106,3 +106,17 @@ def test_a_nan_loss_leaves_the_snapshot_valid_json(tmp_path):
     assert [e.get("loss") for e in events] == [None, 0.5, None, None]
     assert [e.get("grad_norm") for e in events] == [None, 2.0, None, None]  # relayed, and valid JSON when diverged
     assert events[-1]["losses"] == [0.1, None]
+
+
+def test_a_failed_runs_snapshot_keeps_the_error_and_the_logs_last_lines_bounded(tmp_path):
+    (tmp_path / "events.jsonl").write_text(json.dumps({"event": "error", "message": "boom"}) + "\n", encoding="utf-8")
+    lines = [f"line {i}" for i in range(200)] + ["x" * 5000, "RuntimeError: CUDA out of memory"]
+    (tmp_path / "train.log").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    _feed(tmp_path, "78").status("failed", "CUDA out of memory")
+    state = ui_feed.run_state("78")
+    assert state["status"] == "failed" and state["reason"] == "CUDA out of memory"
+    assert len(state["log"]) == ui_feed.LOG_LINES and state["log"][-1] == "RuntimeError: CUDA out of memory"
+    assert state["log"][0] == f"line {200 - ui_feed.LOG_LINES + 2}"
+    assert len(state["log"][-2]) == ui_feed.LOG_LINE_CHARS  # one huge line is cut, not the whole snapshot
+    _feed(tmp_path, "78").status("done")
+    assert ui_feed.run_state("78")["log"] == []  # only failed runs carry the log
