@@ -10,10 +10,10 @@ plus the widths and depths it reads from tensors, at their released values. Wher
 not give a released value, the comment says where it comes from. Text widths are the text encoders'
 (comfy/text_encoders/*), tokens the encoder's padding or a 256-token caption where it does not pad.
 
-LTX 2.3 (LTXAV) is left out: its class takes a video latent without audio (an empty audio stream),
-but its block (comfy/ldm/lightricks/av_model.py BasicAVTransformerBlock) updates the video and audio
-streams in place (addcmul_/add_) and the pack has no out-of-place fix for it, so the engine's guard
-stops every LTXAV run before its first step (docs/supported-models.md).
+LTX 2.3 (LTXAV) is left out: its block trains with PipeTrain's out-of-place forward
+(engine/patches/ltxav.py), but it takes only the packed video + audio latent (with audio frames), which
+the cache does not write yet, so the engine stops an LTXAV run from a cache before its first step
+(docs/supported-models.md).
 """
 from __future__ import annotations
 

@@ -54,7 +54,7 @@ def _round_trips(latent_format, shape: tuple[int, ...]) -> bool:
 # Models whose sampler latent ComfyUI packs from several streams into one row (comfy.utils.pack_latents, with
 # `latent_shapes` in the conditioning to unpack it): class name -> the streams. CacheLatents caches one
 # VAE's latent per item, not such a row yet (docs/supported-models.md, "MiniMax H3: what is missing").
-PACKED_STREAMS = {"MiniMaxH3": "video + audio"}
+PACKED_STREAMS = {"MiniMaxH3": "video + audio", "LTXAV": "video + audio"}
 
 
 def packed_latent_missing(model_class: str, extras: dict) -> str | None:

@@ -4,8 +4,8 @@ not build), with per-item conditioning in the form the latent cache holds it, fo
 tests/with_comfy/test_families_033_more.py. Same `Family` records (built with fc.build, batched with
 fc.batch, trained by tests/family_harness.py); importing this module imports no ComfyUI code.
 
-FAMILIES train; REFUSED and HIDREAM_O1 are the classes the engine stops, with the reason it gives
-(docs/supported-models.md, "Other ComfyUI 0.33.0 classes").
+FAMILIES train (PATCHED: those only with PipeTrain's out-of-place forwards); HIDREAM_O1 is a class the
+engine stops, with the reason it gives (docs/supported-models.md, "Other ComfyUI 0.33.0 classes").
 """
 from __future__ import annotations
 
@@ -188,13 +188,45 @@ OLDER = [
 ]
 FAMILIES += OLDER
 
-# Classes the engine refuses, each with what it names (docs/supported-models.md says why).
-# PixelDiT: its blocks write the adaLN modulation into the norm output (comfy/ldm/pixeldit/modules.py
-# apply_adaln_: addcmul_ / add_) and PiTBlock adds its MLP residual in place; the probe refuses both.
-REFUSED = [
-    (Family("pixeldit_t2i", "PixelDiTT2I", _PIXELDIT, (3, 16, 16), 48, "t2i",
-            lambda g: {"attention_mask": torch.ones(T, dtype=torch.long)}, group="PixelDiT"),
-     ("comfy.ldm.pixeldit.model.MMDiTBlockT2I", "comfy.ldm.pixeldit.modules.PiTBlock")),
+# PixelDiT: its blocks write the adaLN modulation into the norm output (comfy/ldm/pixeldit apply_adaln_:
+# addcmul_ / add_) and PiTBlock adds its MLP residual in place: PipeTrain's out-of-place forwards
+# (engine/patches/pixeldit.py) train it; without them the probe refuses both block classes.
+PIXELDIT = Family("pixeldit_t2i", "PixelDiTT2I", _PIXELDIT, (3, 16, 16), 48, "t2i", _masked, group="PixelDiT")
+FAMILIES.append(PIXELDIT)
+# LTX 2.3 (LTXAV): cross-attention adaLN, gated attention, the text connectors after the caption projection
+# (here none: the text encoder's dual projection gives video + audio widths, 64 + 32, flagged unprocessed so
+# extra_conds runs the connectors). Its latent is ComfyUI's packed video + audio pair (comfy.utils.pack_latents,
+# `latent_shapes`): with an audio stream of no frames the model returns the video alone, which
+# BaseModel._apply_model cannot compare with the packed input, so the test latent has 3 audio frames.
+_LTXAV = dict(image_model="ltxav", in_channels=128, audio_in_channels=128, cross_attention_dim=64,
+              audio_cross_attention_dim=32, attention_head_dim=32, num_attention_heads=2, audio_attention_head_dim=16,
+              audio_num_attention_heads=2, caption_channels=48, num_layers=2, connector_num_layers=1,
+              connector_attention_head_dim=32, connector_num_attention_heads=2, audio_connector_attention_head_dim=16,
+              audio_connector_num_attention_heads=2, caption_proj_before_connector=True,
+              caption_projection_first_linear=False, cross_attention_adaln=True, apply_gated_attention=True)
+# LTX 2.0: plain text cross-attention, the text encoder's connectors already applied (compat mode: video and
+# audio context, caption_channels each); for the block tests of test_patches_ltxav.py.
+_LTXAV_20 = dict(_LTXAV, caption_proj_before_connector=False, caption_projection_first_linear=True,
+                 cross_attention_adaln=False, apply_gated_attention=False)
+
+
+def _packed(*streams):
+    """(packed latent [1, N], its `latent_shapes`): streams packed into one row as comfy.utils.pack_latents does."""
+    shapes = [torch.Size((1, *s)) for s in streams]
+    return (1, sum(torch.Size(s).numel() for s in streams)), shapes
+
+
+_AV_LATENT, _AV_SHAPES = _packed((128, 2, 2, 2), (8, 3, 16))  # video [C, T, H, W] + audio [8, T, 16 bins]
+LTXAV = Family("ltxav_t2v", "LTXAV", _LTXAV, _AV_LATENT, 96, "t2v",
+               lambda g: {"unprocessed_ltxav_embeds": True, "latent_shapes": _AV_SHAPES}, group="LTX 2.3")
+LTXAV_20 = Family("ltxav20_t2v", "LTXAV", _LTXAV_20, _AV_LATENT, 96, "t2v",
+                  lambda g: {"latent_shapes": _AV_SHAPES}, group="LTX 2.3")
+FAMILIES.append(LTXAV)
+# Families that train only with PipeTrain's out-of-place forwards: block class -> the fixes the probe picks.
+PATCHED = [
+    (PIXELDIT, {"comfy.ldm.pixeldit.model.MMDiTBlockT2I": "pixeldit-adaln 0.33",
+                "comfy.ldm.pixeldit.modules.PiTBlock": "pixeldit-pit 0.33"}),
+    (LTXAV, {"comfy.ldm.lightricks.av_model.BasicAVTransformerBlock": "ltxav-block 0.33"}),
 ]
 
 

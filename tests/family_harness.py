@@ -53,6 +53,7 @@ MODE_KWARGS = {
     "boogu_edit": {"num_tokens", "ref_latents"},
     "joyimage_edit": {"ref_latents"},
     "mage_flow_edit": {"ref_latents"},
+    "ltxav_t2v": {"latent_shapes", "frame_rate"},  # the packed video + audio latent's shapes
     "cogvideox_i2v": {"c_concat"},
     "cogvideox_inpaint": {"c_concat"},
     "wan21_fun_control": {"c_concat"},
@@ -104,6 +105,7 @@ BLOCK_ROOTS = {
     "WAN21_Vace": ["blocks", "vace_blocks"], "WAN22_WanDancer": ["blocks", "music_encoder"],
     "FluxSchnell": _DOUBLE_SINGLE, "FluxInpaint": _DOUBLE_SINGLE, "PixArtAlpha": ["blocks"], "PixArtSigma": ["blocks"],
     "HunyuanDiT": ["blocks"], "HunyuanDiT1": ["blocks"], "GenmoMochi": ["blocks"],
+    "PixelDiTT2I": ["patch_blocks", "pixel_blocks"], "LTXAV": ["transformer_blocks"],
     "Stable_Cascade_C": ["down_blocks", "up_blocks"],
     **dict.fromkeys(["SD15", "SD20", "SD15_instructpix2pix", "SDXLRefiner", "SDXL_instructpix2pix"],
                     ["input_blocks", "middle_block", "output_blocks"]),

@@ -70,3 +70,67 @@ def ensure_trainable(model, prepared):
         probe_and_fix(model.diffusion_model, lambda: model.apply_model(
             prepared.xt, prepared.sigma, transformer_options=transformer_options(prepared.sigma), **prepared.kwargs))
     return prepared
+
+
+def first_call(fam: fc.Family, cls_name: str):
+    """(block, args, kwargs): the first block of class `cls_name` and the inputs the model's forward gives
+    it (engine.patches.probe.capture, on the objective's training input), with ComfyUI's own forwards."""
+    from PipeTrain.engine.patches import set_training_mode
+    from PipeTrain.engine.patches.probe import capture
+    from PipeTrain.engine.patches.trainable import first_blocks
+    from PipeTrain.engine.train.objective import DiffusionObjective
+
+    set_training_mode(True)
+    model = fc.build(fam)
+    latents, conds = fc.batch(fam)
+    block = next(b for cls, b in first_blocks(model.diffusion_model).items() if cls.__name__ == cls_name)
+    objective = DiffusionObjective(model, seed=0, **fam.train)
+    got = capture(lambda: objective(latents, conds, [0]), {type(block): block})[type(block)]
+    return got.block, got.args, got.kwargs
+
+
+def lora_grads(fam: fc.Family) -> dict[str, dict[str, torch.Tensor]]:
+    """{"off": ..., "on": ...}: every LoRA weight's gradient of one objective step, plain and under the
+    engine's per-block checkpointing (peft LoRA on every block linear, as `trained_model` makes it)."""
+    grads = {}
+    for mode in ("off", "on"):
+        model, objective, batch = trained_model(fam, checkpointing=mode)
+        objective(*batch, [0]).backward()
+        grads[mode] = {n: p.grad.clone() for n, p in model.diffusion_model.named_parameters() if p.grad is not None}
+    return grads
+
+
+def run_block(block, args, kwargs) -> tuple[list[torch.Tensor], bool]:
+    """(the block's float outputs on copies of args / kwargs under no grad, whether it left the copies
+    as they were)."""
+    from PipeTrain.engine.patches.probe import _map, _tensors
+
+    args, kwargs = _map(args, lambda t: t.clone()), _map(kwargs, lambda t: t.clone())
+    kept = [t.clone() for t in _tensors((args, kwargs))]
+    with torch.no_grad():
+        out = block(*args, **kwargs)
+    untouched = all(torch.equal(a, b) for a, b in zip(_tensors((args, kwargs)), kept))
+    return [o for o in _tensors(out) if o.is_floating_point()], untouched
+
+
+def cast_floats(obj, dtype):
+    """obj with every floating-point tensor inside it cast to dtype."""
+    from PipeTrain.engine.patches.probe import _map
+
+    return _map(obj, lambda t: t.to(dtype) if t.is_floating_point() else t)
+
+
+def ours_and_upstreams(block, args, kwargs, fix_name: str, training: bool):
+    """(our fix's outputs, upstream's outputs, whether ours left its inputs as they were) for one block
+    call, with ComfyUI's training flag and the block's train/eval mode set to `training`."""
+    from PipeTrain.engine.patches import fixes, set_training_mode
+
+    block.train(training)
+    set_training_mode(training)
+    try:
+        want, _ = run_block(block, args, kwargs)
+        fixes.install(next(f for f in fixes.all_fixes() if f.name == fix_name))
+        got, untouched = run_block(block, args, kwargs)
+    finally:
+        set_training_mode(True)
+    return got, want, untouched

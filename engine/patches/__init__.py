@@ -2,8 +2,8 @@
 
 - trainable.py: `make_trainable(diffusion_model, run_forward)`, the engine's one call per training
   process: sets the host's training flag, probes each block class (probe.py) and installs an
-  out-of-place forward (fixes.py; flux.py, ltxv.py, minimax.py) only where upstream's own would train
-  wrongly.
+  out-of-place forward (fixes.py; flux.py, ltxv.py, ltxav.py, minimax.py, pixeldit.py) only where
+  upstream's own would train wrongly.
 - host.py: the host's version and training flag. verdicts.py: the probe's cached verdicts.
 - guard.py: the first-call check that a block wrote into none of its inputs.
 - kitchen.py: a backward for comfy-kitchen's fused rope/norm ops. probe_batch.py: the probe's input.

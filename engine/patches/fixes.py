@@ -16,8 +16,10 @@ from typing import Callable
 
 from .host import in_range
 
-# Modules holding fixes; each defines FIXES (a tuple of Fix).
-_FIX_MODULES = ("flux", "ltxv", "kitchen", "minimax")
+# Modules holding fixes; each defines FIXES (a tuple of Fix). The probe tries a class's fixes in this
+# order, keeping each while it tries the next: a block-specific fix that is enough on its own comes
+# before the comfy-kitchen backward (for any block), MiniMax's after it (its blocks need both).
+_FIX_MODULES = ("flux", "ltxv", "ltxav", "pixeldit", "kitchen", "minimax")
 
 # "<module>.<qualname>" -> (owner class or module, attribute name, upstream object)
 _originals: dict[str, tuple[object, str, object]] = {}

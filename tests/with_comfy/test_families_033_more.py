@@ -24,18 +24,24 @@ def test_the_forwards_the_probe_picks_give_upstreams_output(comfy, family):  # n
     t33.test_the_forwards_the_probe_picks_give_upstreams_output(comfy, family)
 
 
-@pytest.mark.parametrize("family,blocks", more.REFUSED, ids=[f.name for f, _ in more.REFUSED])
-def test_blocks_that_write_into_their_inputs_are_refused_by_name(comfy, family, blocks):  # noqa: F811
-    """PixelDiT's blocks modify tensors autograd saved: the probe refuses each block class by name
-    (no out-of-place forward of PipeTrain's fits), before any training step."""
+@pytest.mark.parametrize("family,chosen", more.PATCHED, ids=[f.name for f, _ in more.PATCHED])
+def test_in_place_blocks_train_only_with_our_out_of_place_forwards(comfy, family, chosen, monkeypatch):  # noqa: F811
+    """PixelDiT's and LTXAV's blocks modify tensors autograd saved: the probe picks PipeTrain's out-of-place
+    forwards for each block class; with those left out it refuses each class by name, before any step."""
     import family_configs as fc
+    from PipeTrain.engine.patches import fixes
     from PipeTrain.engine.patches.trainable import UnsafeBlock
     from trainable import make_trainable
 
     t33._require(family)
+    assert make_trainable(fc.build(family), *fc.batch(family)) == chosen
+    fixes.uninstall_all()
+    ours = {name for names in chosen.values() for name in names.split(" + ")}
+    everything = fixes.all_fixes()
+    monkeypatch.setattr(fixes, "all_fixes", lambda: [f for f in everything if f.name not in ours])
     with pytest.raises(UnsafeBlock) as refused:
         make_trainable(fc.build(family), *fc.batch(family))
-    for name in blocks:
+    for name in chosen:
         assert f"{name} cannot be trained" in str(refused.value)
     assert "modified by an inplace operation" in str(refused.value)
 

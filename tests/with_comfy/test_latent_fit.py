@@ -56,17 +56,20 @@ def test_every_familys_cached_latents_fit_its_model(formats, family):
     assert family.latent[0] in accepted_channels(fmt, family.latent)
 
 
-def test_a_minimax_h3_cache_without_its_packed_latent_is_refused_by_name(formats):
-    """CacheLatents caches one VAE's latent per item; MiniMax H3 takes the packed video + audio row (and
-    without `latent_shapes` its first forward failed with a bare IndexError). The class name is ComfyUI's."""
+@pytest.mark.parametrize("supported", ["MiniMaxH3", "LTXAV"])
+def test_a_cache_without_the_packed_audio_video_latent_is_refused_by_name(formats, supported):
+    """CacheLatents caches one VAE's latent per item; MiniMax H3 and LTX 2.x (LTXAV) take the packed video +
+    audio row (without `latent_shapes` H3's first forward failed with a bare IndexError, LTXAV's takes the
+    batch's first item for the video). The class name is ComfyUI's."""
     import family_configs_033 as f33
+    import family_configs_033_more as more
 
-    family = next(f for f in f33.FAMILIES if f.supported == "MiniMaxH3")
-    if not hasattr(importlib.import_module("comfy.supported_models"), "MiniMaxH3"):
-        pytest.skip("this ComfyUI has no comfy.supported_models.MiniMaxH3")
+    family = next(f for f in f33.FAMILIES + more.FAMILIES if f.supported == supported)
+    if not hasattr(importlib.import_module("comfy.supported_models"), supported):
+        pytest.skip(f"this ComfyUI has no comfy.supported_models.{supported}")
     model_class = type(fc.build(family)).__name__
     message = packed_latent_missing(model_class, {"pooled_output": None})
-    assert message and "MiniMaxH3" in message and "Cache Latents" in message
+    assert message and supported in message and "Cache Latents" in message
     extras = fc.batch(family)[1][0]["extras"]  # the packed latent's conditioning, as the tests train it
     assert packed_latent_missing(model_class, extras) is None
     assert packed_latent_missing("Flux", {}) is None
