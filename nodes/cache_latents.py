@@ -17,7 +17,7 @@ from ..engine.cache.format import CacheError, remove_cache
 
 # the per-item encoding lives in the engine (engine/cache/items.py), shared with its cache mode
 from ..engine.cache.items import CONTROL_STYLES, ItemOptions, control_style_conflict
-from ..engine.cache.vae_frame_rate import resolve_target_fps
+from ..engine.cache.vae_frame_rate import check_clip_lengths, resolve_target_fps
 from ..engine.cache.writer import (
     encode_shard,
     find_trusted_cache,
@@ -118,7 +118,9 @@ class PipeTrainCacheLatents:
         def warn(message: str) -> None:
             warnings.append(message)
             log.warning("PipeTrain CacheLatents: %s", message)
-        # target_fps "auto" becomes the rate of the VAE's video model: LoadDataset cannot know it
+        # target_fps "auto" becomes the rate of the VAE's video model, and clip lengths must suit the VAE: LoadDataset
+        # cannot know it
+        check_clip_lengths(dataset, vae)
         dataset = resolve_target_fps(dataset, vae, note, warn)
         if trust_cache and not regenerate:
             trusted = find_trusted_cache(dataset, identity)

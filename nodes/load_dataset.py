@@ -10,6 +10,8 @@ import logging
 from ..engine.data.buckets import BucketError, parse_aspect_ratios, parse_resolutions
 from ..engine.data.caption_variants import MAX_KEEP_TOKENS, MAX_TAG_SHUFFLES, options_summary
 from ..engine.data.folders import resolve_extra_folder
+from ..engine.data.frame_buckets import parse_frame_buckets
+from ..engine.data.frame_picks import BEGINNING, CLIP_MODES
 from ..engine.data.frame_rates import AUTO, fps_text, parse_target_fps, rates_summary
 from ..engine.data.messages import EXAMPLES_SHOWN, DatasetError, skipped_text
 from ..engine.data.scan import (
@@ -66,8 +68,8 @@ _MULTIPLE_TOOLTIP = (
 
 _FRAMES_TOOLTIP = (
     "Frames per video clip; 0 skips videos. Use the count your video model needs: 4k+1 (17, 33, 49, 81) for Wan and "
-    "HunyuanVideo, 8k+1 (25, 49, 97) for LTXV. Each video trains on one clip from its start; videos shorter than "
-    "a clip are skipped and listed. A phone video's rotation is applied; animated GIF/WebP files are skipped (convert them "
+    "HunyuanVideo, 8k+1 (25, 49, 97) for LTXV. Each video trains on one clip from its start (clip_mode picks "
+    "others; frame_buckets gives several lengths); videos shorter than a clip are skipped and listed. A phone video's rotation is applied; animated GIF/WebP files are skipped (convert them "
     "to MP4). Needs the video model's VAE in CacheLatents.")
 _STRIDE_TOOLTIP = ("Take every N-th frame: of the video resampled at target_fps (16 fps with stride 2 gives 8 fps, "
                    "so a clip spans twice the time), or of the source frames when target_fps is 'source' (2 halves a "
@@ -80,6 +82,20 @@ _FPS_TOOLTIP = (
     "frames, with a warning. Or a rate: 16, 24, 23.976, 30000/1001. 'source' (or 0): every frame_stride-th frame of "
     "the file, as it is. Clips more than 2x faster or slower than the rate, and variable-rate clips, are listed. "
     "Only matters with video_frames.")
+
+
+_BUCKETS_TOOLTIP = (
+    "Several clip lengths in frames, e.g. '17, 33, 65' (instead of the one video_frames): each video trains at the "
+    "longest one it is long enough for (at target_fps and frame_stride), so long videos give long clips and short "
+    "ones still train; a batch only holds clips of one length. Videos shorter than the shortest are skipped and "
+    "listed. Use counts your model's VAE takes: 4k+1 for Wan and HunyuanVideo, 8k+1 for LTXV (CacheLatents checks). "
+    "Empty: video_frames alone. Leave video_frames at 0 when you use this (or make it one of the lengths).")
+_CLIP_MODE_TOOLTIP = (
+    "Which part of each video its clip takes. single_beginning: one clip from the first frame. single_middle: one "
+    "clip from the middle (as much cut off the start as off the end). multiple_overlapping: enough clips to cover "
+    "the whole video, spread evenly from its first frame to its last (they overlap where the length does not divide "
+    "evenly); each clip is a training sample of its own. For image-to-video training single_beginning is usually "
+    "what you want. Only matters with video_frames or frame_buckets.")
 
 
 _MASK_TOOLTIP = (
@@ -123,7 +139,7 @@ def build_spec(folders: str, resolution: int, repeats: int, aspect_ratios: str =
                bucket_multiple: int = 64, video_frames: int = 0, frame_stride: int = 1, mask_folder: str = "",
                control_folder: str = "", follow_links: bool = False, target_fps: str = AUTO,
                caption_prefix: str = "", caption_lines: bool = False, tag_shuffles: int = 0, keep_tokens: int = 0,
-               caption_dropout: float = 0.0) -> DatasetSpec:
+               caption_dropout: float = 0.0, frame_buckets: str = "", clip_mode: str = BEGINNING) -> DatasetSpec:
     if not (isinstance(repeats, int) and repeats >= 1):
         raise DatasetError(f"repeats is {repeats}: use a whole number of 1 or more.")
     try:
@@ -137,7 +153,8 @@ def build_spec(folders: str, resolution: int, repeats: int, aspect_ratios: str =
                        control_folder=resolve_extra_folder(control_folder, _input_dir(), "control_folder"),
                        follow_links=bool(follow_links), target_fps=parse_target_fps(target_fps),
                        caption_prefix=caption_prefix, caption_lines=bool(caption_lines), tag_shuffles=tag_shuffles,
-                       keep_tokens=keep_tokens, caption_dropout=float(caption_dropout))
+                       keep_tokens=keep_tokens, caption_dropout=float(caption_dropout),
+                       frame_buckets=parse_frame_buckets(frame_buckets), clip_mode=clip_mode)
     spec.check()
     return spec
 
@@ -203,6 +220,8 @@ class PipeTrainLoadDataset:
             "keep_tokens": ("INT", {"default": 0, "min": 0, "max": MAX_KEEP_TOKENS, "tooltip": _KEEP_TOOLTIP}),
             "caption_dropout": ("FLOAT", {"default": 0.0, "min": 0.0, "max": 0.99, "step": 0.01,
                                           "tooltip": _DROPOUT_TOOLTIP}),
+            "frame_buckets": ("STRING", {"default": "", "placeholder": "17, 33, 65", "tooltip": _BUCKETS_TOOLTIP}),
+            "clip_mode": (list(CLIP_MODES), {"default": BEGINNING, "tooltip": _CLIP_MODE_TOOLTIP}),
         }}
 
     @classmethod
@@ -242,8 +261,8 @@ def describe(folders, resolution, repeats, *options, **named) -> tuple[DatasetSp
     lines = [f"{images} image(s) in {len(spec.folders)} folder(s), {seen} per epoch with repeats, "
              f"{result.missing_captions.count} without caption, {result.skipped} file(s) skipped"
              + (f" ({reasons})." if reasons else ".")]
-    if spec.video_frames:
-        lines.append(f"{len(result.items) - images} video(s) of {spec.video_frames} frame(s) per clip "
+    if spec.clip_lengths:
+        lines.append(f"{len(result.items) - images} video(s){clips_text(spec, result.items)} "
                      f"(stride {spec.frame_stride}), {sampling_text(spec)}"
                      + (f"; their frame rates: {rates_summary(result.frame_rates)}." if result.frame_rates else "."))
     if result.pair_counts:
@@ -256,6 +275,19 @@ def describe(folders, resolution, repeats, *options, **named) -> tuple[DatasetSp
         log.info("PipeTrain LoadDataset: %s", line)
     rows = result.report + ((("folder_line", len(notes), tuple(notes[:EXAMPLES_SHOWN])),) if notes else ())
     return spec, lines + list(result.warnings) + notes, rows
+
+
+def clips_text(spec: DatasetSpec, items) -> str:
+    """' of 17 frame(s) per clip', or with frame buckets / another clip mode how many clips each length got:
+    ', clips (multiple_overlapping) per frame bucket: 33 frames: 5, 17 frames: 2'."""
+    if not spec.frame_buckets and spec.clip_mode == BEGINNING:
+        return f" of {spec.video_frames} frame(s) per clip"
+    counts = {n: 0 for n in spec.clip_lengths}
+    for item in items:
+        if item.frames:
+            counts[item.clip_frames] += len(item.clip_starts)
+    per = ", ".join(f"{n} frames: {c}" for n, c in sorted(counts.items(), reverse=True))
+    return f", clips ({spec.clip_mode}) per frame bucket: {per}"
 
 
 def sampling_text(spec: DatasetSpec) -> str:

@@ -72,7 +72,7 @@ def run_rank(cfg: CacheConfig, worker: bool) -> int:
     from ..launch.comfy_bootstrap import import_comfy
     from .encoders import cache_identity
     from .items import ItemOptions
-    from .vae_frame_rate import resolve_target_fps
+    from .vae_frame_rate import check_clip_lengths, resolve_target_fps
     from .writer import (
         ShardResult,
         encode_shard,
@@ -91,6 +91,7 @@ def run_rank(cfg: CacheConfig, worker: bool) -> int:
         vae, clip = load_encoders(cfg)
         options = ItemOptions(cfg.first_frame, load_clip_vision(cfg), cfg.clip_vision_crop != "none", cfg.control_style)
         identity = cache_identity(vae, clip, options)
+        check_clip_lengths(cfg.dataset, vae)  # before any rank encodes: the VAE's 4k+1 (8k+1...) rule
         dataset = resolve_target_fps(cfg.dataset, vae, lambda m: _say(rank, m), lambda m: _say(rank, f"warning: {m}"))
         if cfg.trust_cache and not cfg.regenerate:
             trusted = find_trusted_cache(dataset, identity)  # every rank finds the same one

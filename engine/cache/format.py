@@ -56,6 +56,7 @@ import torch
 from safetensors import safe_open
 
 from ..data.caption_variants import caption_options
+from ..data.frame_picks import BEGINNING
 from ..data.frame_rates import sampling_fps
 from ..data.images import PREPROCESS_VERSION
 from ..data.pairs import MASK_VERSION
@@ -117,7 +118,7 @@ def fingerprint(spec: DatasetSpec, scan_items: Iterable[DatasetItem], encoder_id
     if spec.bucketed:  # only then, so caches written before buckets existed keep their fingerprint
         h.update(json.dumps({"aspect_ratios": list(spec.aspect_ratios), "extra_resolutions": list(spec.extra_resolutions),
                              "multiple": spec.bucket_multiple, "video_frames": spec.video_frames,
-                             "frame_stride": spec.frame_stride, **_frame_rate(spec)}).encode())
+                             "frame_stride": spec.frame_stride, **_frame_rate(spec), **_clip_settings(spec)}).encode())
     if spec.mask_folder or spec.control_folder:  # only then: caches without them keep their fingerprint
         h.update(json.dumps({"mask_folder": bool(spec.mask_folder), "control_folder": bool(spec.control_folder),
                              "mask_version": MASK_VERSION}).encode())
@@ -138,8 +139,15 @@ def fingerprint(spec: DatasetSpec, scan_items: Iterable[DatasetItem], encoder_id
 def _frame_rate(spec: DatasetSpec) -> dict[str, float]:
     """The rate clips are sampled at, when it is not the source's (0, which caches written before
     target_fps existed used): only then part of the fingerprint and item keys, so theirs stay valid."""
-    fps = sampling_fps(spec) if spec.video_frames else 0.0
+    fps = sampling_fps(spec) if spec.clip_lengths else 0.0
     return {"target_fps": fps} if fps else {}
+
+
+def _clip_settings(spec: DatasetSpec) -> dict[str, Any]:
+    """frame_buckets and clip_mode (engine/data/frame_buckets.py) when set: they choose which frames are
+    encoded. Left out at their defaults, so caches made with video_frames alone keep their fingerprint."""
+    out: dict[str, Any] = {"frame_buckets": list(spec.frame_buckets)} if spec.frame_buckets else {}
+    return {**out, **({"clip_mode": spec.clip_mode} if spec.clip_mode != BEGINNING else {})}
 
 
 def cache_dir_for(spec: DatasetSpec, fp: str) -> Path:
@@ -149,11 +157,13 @@ def cache_dir_for(spec: DatasetSpec, fp: str) -> Path:
 def item_key(spec: DatasetSpec, item: DatasetItem, size, digest: str = "") -> str:
     """What one cached item was made from (its file's name, size, mtime and caption, every other scan
     field but repeats, the content digest of its files, the size it is cached at and, for a video, the
-frame rate its clip is sampled at). The same key in
+frame rate its clip is sampled at and, with frame_buckets or another clip_mode, its length and start). The same key in
     another cache with the same encoders and settings means the same tensors, so they can be copied
     instead of encoded. The preprocessing and mask versions are part of it: a change to how files
     become pixels re-encodes."""
     fields = {k: v for k, v in vars(item).items() if k not in ("path", "repeats")}  # nested dataclasses: their repr
+    if not _clip_settings(spec):  # video_frames alone: the clip follows from the settings, and old keys stay valid
+        fields = {k: v for k, v in fields.items() if k not in ("clip_frames", "clip_starts")}
     versions = {"preprocess": PREPROCESS_VERSION, "mask": MASK_VERSION, **(_frame_rate(spec) if item.frames else {}),
                 **caption_options(spec)}
     made_of = [relative_source(spec, item.path), list(size), fields, versions] + ([digest] if digest else [])

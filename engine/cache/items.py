@@ -113,9 +113,10 @@ def load_pixels(dataset: DatasetSpec, item: DatasetItem, size):
     """
     import torch
 
-    if item.frames:
-        pixels = torch.from_numpy(load_video(item.path, size, dataset.video_frames, dataset.frame_stride,
-                                             sampling_fps(dataset)))
+    if item.frames:  # its frame bucket and clip start (an item from before frame buckets: video_frames from the start)
+        start = item.clip_starts[0] if item.clip_starts else None
+        pixels = torch.from_numpy(load_video(item.path, size, item.clip_frames or dataset.video_frames,
+                                             dataset.frame_stride, sampling_fps(dataset), start))
     else:
         pixels = torch.from_numpy(load_image(item.path, size)).unsqueeze(0)
     control = torch.from_numpy(load_image(item.control.path, size)).unsqueeze(0) if item.control else None

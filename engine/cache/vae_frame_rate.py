@@ -1,4 +1,5 @@
-"""target_fps "auto": the frame rate of the video model whose VAE CacheLatents is given.
+"""target_fps "auto": the frame rate of the video model whose VAE CacheLatents is given; and the clip
+lengths that VAE can encode (`check_clip_lengths`: 4k+1 for Wan/HunyuanVideo, 8k+1 for LTXV).
 
 LoadDataset does not know the model; CacheLatents (and the engine's cache mode) does, through the
 graph's VAE, which ComfyUI builds per family (comfy/sd.py). The VAE's class says the family, and
@@ -15,7 +16,9 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
+from ..data.frame_buckets import frame_rule_problem
 from ..data.frame_rates import AUTO, fps_text
+from ..data.messages import DatasetError
 from ..data.scan import DatasetSpec
 
 # (family, frames per second it was trained at, "module.Class" of ComfyUI's first_stage_model, and for
@@ -60,7 +63,7 @@ def resolve_target_fps(dataset: DatasetSpec, vae: Any, info: Callable[[str], Non
     they are."""
     if dataset.target_fps != AUTO:
         return dataset
-    if not dataset.video_frames:
+    if not dataset.clip_lengths:
         return dataclasses.replace(dataset, target_fps=0.0)
     found = vae_family(vae)
     if found is None:
@@ -71,3 +74,21 @@ def resolve_target_fps(dataset: DatasetSpec, vae: Any, info: Callable[[str], Non
     family, fps = found
     info(f"target_fps auto: clips are sampled at {fps_text(fps)}, the rate of {family} (from the VAE).")
     return dataclasses.replace(dataset, target_fps=fps)
+
+
+def frames_per_latent(vae: Any) -> int | None:
+    """How many frames the VAE turns into one latent frame (ComfyUI's temporal_compression_decode: 4 for Wan and
+    HunyuanVideo, 8 for LTXV); None for an image VAE or one that does not say."""
+    try:
+        value = vae.temporal_compression_decode()
+    except Exception:  # noqa: BLE001 - older ComfyUI or a stand-in object: no rule to check
+        return None
+    return value if isinstance(value, int) and value > 1 else None
+
+
+def check_clip_lengths(dataset: DatasetSpec, vae: Any) -> None:
+    """DatasetError, naming the nearest counts that work, when a frame bucket (or video_frames) is not 1 + k times
+    the VAE's temporal compression: checked before anything is encoded."""
+    problem = frame_rule_problem(dataset.clip_lengths, frames_per_latent(vae), vae_label(vae))
+    if problem:
+        raise DatasetError(problem)

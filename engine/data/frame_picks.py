@@ -3,8 +3,9 @@ say about its frame rate (`clip_rate`).
 
 The one place frames are chosen. engine/data/video.py reads a video's presentation timestamps
 (demuxed, not decoded) and decodes the frames picked here; the dataset scan calls the same function
-to know whether a video is long enough for one clip. Clip modes that take more than the first clip
-(single_middle, multiple_overlapping...) choose other `start` times and call it once per clip.
+to know whether a video is long enough for one clip. Clip modes (`clip_starts`) choose where each
+clip begins, and frame buckets (`longest_bucket`) how many frames it has; `pick_frames` then runs
+once per clip from its start.
 
 Rules:
 - target_fps > 0: output frame i is the source frame whose timestamp is nearest to
@@ -15,10 +16,18 @@ Rules:
   (PipeTrain's behaviour before target_fps existed).
 - Too short (None): a wanted time lies more than half a source frame interval after the last frame.
   At target_fps equal to the source rate that is exactly the frame-count rule of source mode.
+- Frame buckets: a video trains at the longest clip length of the list it is long enough for.
+- Clip modes (LoadDataset's clip_mode): single_beginning, one clip from the first frame (PipeTrain's
+  behaviour before clip modes existed); single_middle, one clip with as much cut off the start as off
+  the end; multiple_overlapping, as few clips as cover the whole video (ceil(video length / clip
+  length)), the first at the start, the last ending at the last frame, the others evenly between, so
+  neighbours overlap by the same amount. In source mode starts are frame indices; with target_fps,
+  times (the same rules at the source's rate give the same frames).
 """
 from __future__ import annotations
 
 import bisect
+import math
 from itertools import pairwise
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -62,6 +71,43 @@ def pick_frames(times: Sequence[float], frames: int, target_fps: float, stride: 
     if wanted[-1] > times[-1] + mean_interval(times) / 2 + _TIE:
         return None
     return [_nearest(times, t) for t in wanted]
+
+
+BEGINNING, MIDDLE, OVERLAPPING = "single_beginning", "single_middle", "multiple_overlapping"
+CLIP_MODES = (BEGINNING, MIDDLE, OVERLAPPING)
+
+
+def longest_bucket(times: Sequence[float], buckets: Sequence[int], target_fps: float, stride: int = 1) -> int | None:
+    """The longest clip length of `buckets` the video is long enough for; None when it is shorter than every one."""
+    fits = [b for b in buckets if pick_frames(times, b, target_fps, stride) is not None]
+    return max(fits) if fits else None
+
+
+def clip_starts(times: Sequence[float], frames: int, target_fps: float, stride: int = 1,
+                mode: str = BEGINNING) -> list[float]:
+    """Where each clip of `frames` frames begins, in seconds (for pick_frames' `start`), by clip mode (module
+    doc); [] when the video is too short for one clip."""
+    if pick_frames(times, frames, target_fps, stride) is None:
+        return []
+    if mode == BEGINNING:
+        return [times[0]]
+    if not target_fps:  # in frames: the clip covers `need` source frames, and may begin at 0..last
+        need = (frames - 1) * stride + 1
+        last = len(times) - need
+        if mode == MIDDLE:
+            return [times[last // 2]]
+        count = -(-len(times) // need)
+        return [times[round(i * last / (count - 1)) if count > 1 else 0] for i in range(count)]
+    span = (frames - 1) * stride / target_fps  # from the clip's first wanted time to its last
+    latest = max(times[0], times[-1] - span)
+    if mode == MIDDLE:
+        return [times[0] + (latest - times[0]) / 2]
+    covered = times[-1] - times[0] + mean_interval(times)  # the video's length, its last frame's interval included
+    count = max(1, math.ceil(covered / (frames * stride / target_fps) - _TIE))
+    starts = [times[0] + (i * (latest - times[0]) / (count - 1) if count > 1 else 0.0) for i in range(count)]
+    # a clip slower than target_fps repeats frames, so two starts may pick the same frames: one such clip is enough
+    picked = [tuple(pick_frames(times, frames, target_fps, stride, t) or ()) for t in starts]
+    return [t for k, t in enumerate(starts) if k == 0 or picked[k] != picked[k - 1]]
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,8 @@ import math
 from fractions import Fraction
 from itertools import pairwise
 
-from .frame_picks import clip_rate, pick_frames
+from .frame_buckets import clip_lengths
+from .frame_picks import clip_rate, clip_starts, longest_bucket
 from .messages import DatasetError
 
 AUTO = "auto"
@@ -71,18 +72,25 @@ def fps_text(fps: float) -> str:
 
 
 def clip_need(spec) -> str:
-    """What one clip needs, for the 'short' warning: '17 frames for video_frames x frame_stride', or
+    """What the shortest clip needs, for the 'short' warning: '17 frames for video_frames x frame_stride', or
     '1.00 s from the first frame to the last: 17 frames at 16 fps, stride 1'."""
-    fps = sampling_fps(spec)
+    fps, frames = sampling_fps(spec), min(clip_lengths(spec), default=0)
+    setting = "the shortest of frame_buckets" if spec.frame_buckets else "video_frames"
     if not fps:
-        return f"{(spec.video_frames - 1) * spec.frame_stride + 1} frames for video_frames x frame_stride"
-    span = (spec.video_frames - 1) * spec.frame_stride / fps
-    return (f"{span:.2f} s from the first frame to the last: {spec.video_frames} frames at {fps_text(fps)}, "
+        return f"{(frames - 1) * spec.frame_stride + 1} frames for {setting} x frame_stride"
+    span = (frames - 1) * spec.frame_stride / fps
+    return (f"{span:.2f} s from the first frame to the last: {frames} frames at {fps_text(fps)}, "
             f"stride {spec.frame_stride}")
 
 
-def long_enough(spec, times) -> bool:
-    return pick_frames(times, spec.video_frames, sampling_fps(spec), spec.frame_stride) is not None
+def clip_bucket(spec, times) -> int | None:
+    """The frame bucket a video with these timestamps trains at (the longest it fills); None: too short for any."""
+    return longest_bucket(times, clip_lengths(spec), sampling_fps(spec), spec.frame_stride)
+
+
+def clips_of(spec, times, frames: int) -> tuple[float, ...]:
+    """Where the video's clips of `frames` frames begin (seconds), by the spec's clip_mode."""
+    return tuple(clip_starts(times, frames, sampling_fps(spec), spec.frame_stride, spec.clip_mode))
 
 
 def short_note(spec, path: str, times) -> str:

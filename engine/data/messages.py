@@ -24,8 +24,8 @@ WARNINGS = (
     ("unreadable", "{n} file(s) cannot be read and are skipped: {examples}"),
     ("videos", "{n} video file(s) are skipped: set LoadDataset's 'video_frames' (e.g. 17 for Wan) to train on "
                "them: {examples}"),
-    ("short", "{n} video(s) are shorter than one clip ({need}) and are skipped: lower video_frames or "
-              "frame_stride, or remove them: {examples}"),
+    ("short", "{n} video(s) are shorter than one clip ({need}) and are skipped: lower video_frames "
+              "(or the shortest of frame_buckets) or frame_stride, or remove them: {examples}"),
     # frame rates (engine/data/frame_rates.py)
     ("fps_far", "{n} video(s) run at a frame rate far from target_fps {fps} (more than twice or less than half of "
                 "it); their frames are picked by timestamp, which skips most frames of a fast clip and repeats "

@@ -16,8 +16,9 @@ images in engine/data/pairs.py.
 
 The scan never raises for a bad file: every skipped or altered file goes into grouped warnings
 naming the files and the fix; `validate` raises DatasetError only when nothing trainable is
-left. Videos are scanned only when `video_frames` is set (engine/data/video.py), and their clips
-sampled at `target_fps` (engine/data/frame_rates.py); the size each
+left. Videos are scanned only when `video_frames` or `frame_buckets` is set (engine/data/video.py), each
+goes to the longest frame bucket it fills and gives one clip or several by `clip_mode`
+(engine/data/frame_buckets.py), and their frames are sampled at `target_fps` (engine/data/frame_rates.py); the size each
 file trains at comes from engine/data/buckets.py (`DatasetSpec.sizes_for`, `cache_entries`). Captions: `<image stem><caption_ext>` (ignoring case if the exact name is missing); a.png
 and a.jpg share a.txt, and the scan says so. Hidden files (names starting with '.') are skipped, and
 so are links that leave their folder unless `follow_links` (engine/data/folders.py: outside_link).
@@ -35,6 +36,8 @@ from typing import Any
 from PIL import Image
 
 from . import frame_rates as fr
+from .frame_buckets import check_clip_settings, clip_lengths, parse_frame_buckets
+from .frame_picks import BEGINNING
 from .buckets import bucket_sizes, merged_buckets_notice, nearest_bucket
 from .caption_variants import check_caption_options
 from .captions import MAX_CAPTION_CHARS, read_caption
@@ -109,15 +112,20 @@ class DatasetSpec:
     tag_shuffles: int = 0  # shuffled tag orders cached per caption; 0 = tags keep their order
     keep_tokens: int = 0  # leading tags that stay in place when shuffled
     caption_dropout: float = 0.0  # share of samples trained with the empty caption (not in the fingerprint)
+    # video clip lengths, ascending (engine/data/frame_buckets.py); () = the single length video_frames
+    frame_buckets: tuple[int, ...] = ()
+    clip_mode: str = BEGINNING  # which part(s) of each video its clips take: frame_picks.CLIP_MODES
 
     def to_dict(self) -> dict[str, Any]:
         # optional settings only when set: the dicts of older specs stay equal (trust_cache compares them)
         pairs = {k: v for k, v in (("mask_folder", self.mask_folder), ("control_folder", self.control_folder),
                                    ("follow_links", self.follow_links),
-                                   ("target_fps", self.video_frames and self.target_fps),
+                                   ("target_fps", self.clip_lengths and self.target_fps),
                                    ("caption_prefix", self.caption_prefix), ("caption_lines", self.caption_lines),
                                    ("tag_shuffles", self.tag_shuffles), ("keep_tokens", self.keep_tokens),
-                                   ("caption_dropout", self.caption_dropout)) if v}
+                                   ("caption_dropout", self.caption_dropout),
+                                   ("frame_buckets", list(self.frame_buckets)),
+                                   ("clip_mode", self.clip_mode != BEGINNING and self.clip_mode)) if v}
         return {"folders": [f.to_dict() for f in self.folders], "resolution": self.resolution,
                 "caption_ext": self.caption_ext, "version": self.version, "aspect_ratios": list(self.aspect_ratios),
                 "extra_resolutions": list(self.extra_resolutions), "bucket_multiple": self.bucket_multiple,
@@ -128,9 +136,14 @@ class DatasetSpec:
         return tuple(dict.fromkeys((self.resolution,) + tuple(self.extra_resolutions)))
 
     @property
+    def clip_lengths(self) -> tuple[int, ...]:
+        """The frame buckets videos train at (frame_buckets, else video_frames); () = videos are skipped."""
+        return clip_lengths(self)
+
+    @property
     def bucketed(self) -> bool:
         """Whether any setting differs from the square single-resolution default."""
-        return bool(self.aspect_ratios or self.extra_resolutions or self.video_frames) or \
+        return bool(self.aspect_ratios or self.extra_resolutions or self.clip_lengths) or \
             self.bucket_multiple != RESOLUTION_STEP
 
     def sizes_for(self, width: int, height: int) -> tuple[tuple[int, int], ...]:
@@ -154,6 +167,8 @@ class DatasetSpec:
             raise DatasetError(f"dataset.aspect_ratios / extra_resolutions must be lists of numbers ({e}).") from None
         if "target_fps" in kw:
             kw["target_fps"] = fr.parse_target_fps(kw["target_fps"])
+        if "frame_buckets" in kw:
+            kw["frame_buckets"] = parse_frame_buckets(kw["frame_buckets"])
         return cls(**kw)
 
     def check(self) -> None:
@@ -169,9 +184,7 @@ class DatasetSpec:
         if self.bucket_multiple not in (8, 16, 32, 64):
             raise DatasetError(f"bucket_multiple is {self.bucket_multiple}: use 8, 16, 32 or 64 (64 suits every "
                                "model; 16 for SD/SDXL/Flux/Wan 2.1, 32 for Wan 2.2 5B and LTXV).")
-        if not (isinstance(self.video_frames, int) and 0 <= self.video_frames <= 1025):
-            raise DatasetError(f"video_frames is {self.video_frames}: use 0 (skip videos) or the clip length the model "
-                               "needs, e.g. 17, 33 or 81 (4k+1) for Wan/HunyuanVideo, 25 or 49 (8k+1) for LTXV.")
+        check_clip_settings(self.video_frames, self.frame_buckets, self.clip_mode)
         if not (isinstance(self.frame_stride, int) and 1 <= self.frame_stride <= 100):
             raise DatasetError(f"frame_stride is {self.frame_stride}: use a whole number from 1 (every frame) to 100.")
         fr.check_target_fps(self.target_fps)
@@ -247,6 +260,8 @@ class DatasetItem:
     frames: int = 0  # a video's frame count; 0 for an image
     mask: PairedFile | None = None  # its loss mask (engine/data/pairs.py); None = unmasked
     control: PairedFile | None = None  # its control (reference) image; set for every item when control_folder is
+    clip_frames: int = 0  # a video's frame bucket: the frames each of its clips has (engine/data/frame_buckets.py)
+    clip_starts: tuple[float, ...] = ()  # where its clips begin (s), by clip_mode; cache_entries makes one entry each
 
 
 @dataclass(frozen=True)
@@ -283,7 +298,7 @@ def files_signature(spec: DatasetSpec) -> str:
     for folder in spec.folders:
         h.update(f"\0{folder.path}\0{folder.repeats}".encode("utf-8", "surrogateescape"))
         listing = _list_folder(folder.path)
-        for name in listing.images + (listing.videos if spec.video_frames else []):
+        for name in listing.images + (listing.videos if spec.clip_lengths else []):
             caption = caption_name(listing, name, spec.caption_ext) or "-"
             for p in (os.path.join(folder.path, name), os.path.join(folder.path, caption)):
                 try:
@@ -310,14 +325,14 @@ def scan_dataset(spec: DatasetSpec) -> ScanResult:
         listing = _list_folder(folder.path)
         join = lambda name: os.path.join(folder.path, name)  # noqa: E731
         candidates += len(listing.images) + len(listing.videos) + len(listing.unsupported) + len(listing.hidden)
-        if not spec.video_frames:
+        if not spec.clip_lengths:
             videos += [join(n) for n in listing.videos]
         report["unsupported"] += [f"{join(n)} ({UNSUPPORTED_IMAGE_FORMATS[os.path.splitext(n)[1].lower()]})"
                                   for n in listing.unsupported]
         report["hidden"] += [join(n) for n in listing.hidden]
         users: dict[str, list[str]] = {}  # caption name -> image names using it
         lookalikes = caption_lookalikes(listing, spec.caption_ext)
-        for name in listing.images + (listing.videos if spec.video_frames else []):
+        for name in listing.images + (listing.videos if spec.clip_lengths else []):
             path = join(name)
             if not spec.follow_links and (target := outside_link(folder.path, name)):
                 report["outside_link"].append(f"{path} -> {target}")
@@ -332,15 +347,17 @@ def scan_dataset(spec: DatasetSpec) -> ScanResult:
                 unreadable.append(UnreadableFile(path, f"{path} cannot be read ({e.strerror}): check the file"))
                 continue
             frames = getattr(info, "frames", 0)  # VideoInfo only
-            if spec.video_frames and getattr(info, "animated", False):
+            if spec.clip_lengths and getattr(info, "animated", False):
                 # with video_frames set its motion is expected to train; only video files give it
                 report["animated_video"].append(path)
                 continue
-            if frames and not fr.long_enough(spec, info.times):
+            bucket = fr.clip_bucket(spec, info.times) if frames else 0
+            if bucket is None:  # shorter than the shortest frame bucket
                 report["short"].append(fr.short_note(spec, path, info.times))
                 continue
+            clips = fr.clips_of(spec, info.times, bucket) if frames else ()
             item = pairing.attach(DatasetItem(path, None, folder.repeats, st.st_size, st.st_mtime_ns, info.width,
-                                              info.height, frames))
+                                              info.height, frames, clip_frames=bucket, clip_starts=clips))
             if item is None:  # its control image or mask is missing/unreadable: listed by the pairing
                 continue
             note_image(report, path, info, spec)
@@ -398,7 +415,7 @@ def validate(spec: DatasetSpec) -> ScanResult:
     spec.check()
     for folder in spec.folders:
         listing = _list_folder(folder.path)
-        if not listing.images and not (spec.video_frames and listing.videos):
+        if not listing.images and not (spec.clip_lengths and listing.videos):
             pairs = (spec.mask_folder, spec.control_folder)
             raise DatasetError(_no_images_message(folder.path, listing, media_subfolders(folder.path, listing, pairs),
                                                   unlisted_media(folder.path, listing, spec.caption_ext)))
@@ -420,12 +437,20 @@ def validate(spec: DatasetSpec) -> ScanResult:
 
 
 def cache_entries(spec: DatasetSpec, items) -> list[tuple[DatasetItem, tuple[int, int]]]:
-    """What the cache holds, in order: each image once per resolution, at its bucket's (width, height).
+    """What the cache holds, in order: each image once per resolution, at its bucket's (width, height); a
+    video once per clip (clip_mode) and resolution, the entry's item holding that clip's start only.
 
     With the default settings this is one square entry per image, so the cache index equals the
     scan index (caches written before buckets existed stay valid).
     """
-    return [(item, size) for item in items for size in spec.sizes_for(item.width, item.height)]
+    return [(clip, size) for item in items for clip in _clips(item) for size in spec.sizes_for(item.width, item.height)]
+
+
+def _clips(item: DatasetItem) -> list[DatasetItem]:
+    """The item once per clip (an image, or a video with one clip: itself)."""
+    if len(item.clip_starts) <= 1:
+        return [item]
+    return [dataclasses.replace(item, clip_starts=(start,)) for start in item.clip_starts]
 
 
 def relative_source(spec: DatasetSpec, path: str) -> str:

@@ -2,7 +2,8 @@
 `load_video` (the clip the VAE encodes), through PyAV (the FFmpeg binding ComfyUI's own video
 loading uses).
 
-Frame sampling: a clip is `frames` frames from the start of the video, picked by timestamp at
+Frame sampling: a clip is `frames` frames from its start (the video's first frame unless LoadDataset's
+clip_mode picks others: engine/data/frame_buckets.py), picked by timestamp at
 `target_fps` (LoadDataset's setting), or every `stride`-th source frame when target_fps is 0
 (engine/data/frame_picks.py decides which; the timestamps are the packets' presentation times,
 read without decoding). Video models need particular counts (4k+1 for Wan/HunyuanVideo, 8k+1 for
@@ -140,15 +141,16 @@ def probe_video(path: str) -> VideoInfo:
     return VideoInfo(width, height, len(times), fps, tuple(times))
 
 
-def load_video(path: str, size: tuple[int, int], frames: int, stride: int = 1, target_fps: float = 0.0) -> np.ndarray:
-    """float32 [frames, height, width, 3] in 0..1: the clip from the start, its frames picked by
-    timestamp at target_fps, or every `stride`-th frame when target_fps is 0 (frame_picks.py)."""
+def load_video(path: str, size: tuple[int, int], frames: int, stride: int = 1, target_fps: float = 0.0,
+               start: float | None = None) -> np.ndarray:
+    """float32 [frames, height, width, 3] in 0..1: the clip from `start` (seconds; None = the first frame), its
+    frames picked by timestamp at target_fps, or every `stride`-th frame when target_fps is 0 (frame_picks.py)."""
     av = _av(path)
 
     out, picks = [], None
     try:
         with av.open(path) as container:
-            picks = pick_frames(frame_times(container), frames, target_fps, stride)
+            picks = pick_frames(frame_times(container), frames, target_fps, stride, start)
         if picks is None and not target_fps:  # decode what there is: the error below says how many
             picks = list(range(0, needed_frames(frames, stride), stride))
         wanted = {}  # source frame index -> how often the clip shows it (a slow clip repeats frames)

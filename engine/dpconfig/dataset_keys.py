@@ -128,11 +128,10 @@ class DatasetKeys:
         if "frame_buckets" in cfg:
             frames = [w.whole(f"frame_buckets[{i}]", v, 1) for i, v in enumerate(cfg["frame_buckets"])] \
                 if isinstance(cfg["frame_buckets"], list) else [w.whole("frame_buckets", cfg["frame_buckets"], 1)]
-            videos = sorted(f for f in frames if f > 1)
-            note = "images always train; videos: one clip length, the shortest bucket" + (
-                f" (not mapped: {', '.join(map(str, videos[1:]))})" if len(videos) > 1 else "") if videos else \
-                "no video bucket: videos are skipped"
-            self.put("frame_buckets", f"{DS}.video_frames", videos[0] if videos else 0, note)
+            videos = sorted(set(f for f in frames if f > 1))
+            note = "images always train in PipeTrain (bucket 1); each video to the longest of the other buckets it " \
+                   "fills" if videos else "no video bucket: videos are skipped"
+            self.put("frame_buckets", f"{DS}.frame_buckets", videos, note)
 
     # ---- top-level keys ---------------------------------------------------------------------
     def key_cache_shuffle_num(self, key: str, value: Any) -> None:

@@ -63,7 +63,7 @@ def to_diffusion_pipe(run_json: dict[str, Any], dataset: dict[str, Any] | None =
                           "(--model-type)." if not model_type else f"model type {model_type!r} is not one "
                           f"diffusion-pipe knows: use one of {', '.join(sorted(MODEL_TYPES))}.")
     report = Report("run.json")
-    builder = _MainToml(run, model_type, dataset_file, dataset or {})
+    builder = _MainToml(run, model_type, dataset_file, dataset or {}, spec.clip_mode)
     main = builder.build()
     _report_settings(run, builder.done, report)
     data_report = Report("dataset")
@@ -75,8 +75,9 @@ def to_diffusion_pipe(run_json: dict[str, Any], dataset: dict[str, Any] | None =
 class _MainToml:
     """The main TOML's tables, filled from a run; `done` records which diffusion-pipe key took each setting."""
 
-    def __init__(self, run: RunConfig, model_type: str, dataset_file: str, cache: dict[str, Any]):
-        self.run, self.cache = run, cache
+    def __init__(self, run: RunConfig, model_type: str, dataset_file: str, cache: dict[str, Any],
+                 clip_mode: str = "single_beginning"):
+        self.run, self.cache, self.clip_mode = run, cache, clip_mode
         self.tables: dict[str, dict[str, Any]] = {
             "": {"output_dir": os.path.dirname(run.run_dir), "dataset": dataset_file},
             "model": {"type": model_type}, "adapter": {}, "optimizer": {}}
@@ -125,7 +126,7 @@ class _MainToml:
             self.put("", "eval_every_n_steps", run.eval.every, "eval.every",
                      note="add eval_datasets for it to evaluate")
             self.put("", "eval_before_first_step", run.eval.before_start, "eval.before_start")
-        self.tables[""]["video_clip_mode"] = "single_beginning"  # PipeTrain takes clips from the start of each video
+        self.tables[""]["video_clip_mode"] = self.clip_mode  # LoadDataset's clip_mode
 
     def model(self) -> None:
         t, o, base = self.run.train, self.run.objective, self.run.memory.base_dtype
@@ -202,8 +203,10 @@ def _dataset(spec: DatasetSpec, report: Report) -> dict[str, Any]:
     if spec.aspect_ratios:
         data["ar_buckets"] = list(spec.aspect_ratios)
     report.mapped("dataset.aspect_ratios", "ar_buckets")
-    data["frame_buckets"] = [1, spec.video_frames] if spec.video_frames else [1]
+    data["frame_buckets"] = [1, *spec.clip_lengths]  # diffusion-pipe's 1: images
     report.mapped("dataset.video_frames", "frame_buckets")
+    report.mapped("dataset.frame_buckets", "frame_buckets")
+    report.mapped("dataset.clip_mode", "video_clip_mode", "in the main TOML")
     if spec.tag_shuffles:
         data["cache_shuffle_num"], data["cache_shuffle_delimiter"] = spec.tag_shuffles, ", "
     report.mapped("dataset.tag_shuffles", "cache_shuffle_num")

@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from ..config.choices import SCHEDULERS
+from ..data.frame_picks import CLIP_MODES
 from .report import Report
 from .values import Draft, Where, is_model_file
 
@@ -179,10 +180,10 @@ class MainKeys:
                  "check the layer numbers: PipeTrain's layer 0 is the embedding (docs/pipeline.md)")
 
     def top_video_clip_mode(self, key: str, value: Any) -> None:
-        if value == "single_beginning":
-            self.report.mapped(key, "cache.dataset", "PipeTrain takes each clip from the start of its video")
-        else:
-            self.report.not_mapped(key, "PipeTrain takes each clip from the start of its video (single_beginning)")
+        mode = self.where.text(key, value)
+        if mode not in CLIP_MODES:
+            raise self.where.fail(key, f"is {mode!r}: use one of {', '.join(CLIP_MODES)}.")
+        self.put(key, "cache.dataset.clip_mode", mode)
 
     # ---- [model] ---------------------------------------------------------------------------
     def model_key(self, key: str, value: Any) -> None:

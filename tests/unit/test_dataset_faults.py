@@ -92,7 +92,8 @@ def test_follow_links_is_a_node_input_and_old_specs_still_load(linked):
     # widget values by position
     assert list(optional) == ["aspect_ratios", "extra_resolutions", "bucket_multiple", "video_frames", "frame_stride",
                               "mask_folder", "control_folder", "follow_links", "target_fps", "caption_prefix",
-                              "caption_lines", "tag_shuffles", "keep_tokens", "caption_dropout"]
+                              "caption_lines", "tag_shuffles", "keep_tokens", "caption_dropout", "frame_buckets",
+                              "clip_mode"]
     (spec,) = load_node.PipeTrainLoadDataset().load(folders=str(data), resolution=64, repeats=1)
     assert spec.follow_links is False and "follow_links" not in spec.to_dict()  # old dicts stay equal
     old = {"folders": [{"path": str(data), "repeats": 1}], "resolution": 64, "caption_ext": ".txt", "version": 1}

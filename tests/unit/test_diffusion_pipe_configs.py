@@ -101,8 +101,9 @@ def test_mapped_values_land_in_run_json_and_the_cache_config():
     assert cache["clip_type"] == "hunyuan_video" and cache["vae"].endswith("hunyuan_video_vae_bf16.safetensors")
     assert [Path(p).name for p in cache["clip"]] == ["clip_l.safetensors"]  # the llm folder is not a file
     d = cache["dataset"]
-    assert (d["resolution"], d["extra_resolutions"], d["aspect_ratios"], d["video_frames"], d["tag_shuffles"]) == \
-        (768, [1024], [1.0, 1.25, 0.75], 17, 3)
+    assert (d["resolution"], d["extra_resolutions"], d["aspect_ratios"], d["frame_buckets"], d["tag_shuffles"]) == \
+        (768, [1024], [1.0, 1.25, 0.75], [17, 49], 3)  # frame_buckets [1, 17, 49]: 1 is images, which always train
+    assert d["clip_mode"] == "single_middle" and "video_frames" not in d  # video_clip_mode, from the main TOML
     assert [(Path(f["path"]).name, f["repeats"]) for f in d["folders"]] == [("portraits", 3), ("landscapes", 1)]
     assert d["mask_folder"] == str(FIX / "data" / "portrait_masks")
 
@@ -113,7 +114,8 @@ def test_the_wan_example_maps_its_memory_toolbox_and_asks_for_a_model_file():
     assert (run["memory"]["activation_checkpointing"], run["memory"]["block_swap"], run["memory"]["optimizer"]) == \
         ("cpu_offload", 24, "adamw8bit_kahan")
     assert (run["train"]["steps"], run["train"]["epochs"], run["model_path"]) == (0, 12.0, "")
-    assert settings["cache"]["dataset"]["video_frames"] == 33 and settings["cache"]["dataset"]["aspect_ratios"] == []
+    assert settings["cache"]["dataset"]["frame_buckets"] == [33] and settings["cache"]["dataset"]["aspect_ratios"] == []
+    assert settings["cache"]["dataset"]["clip_mode"] == "single_beginning"
     assert "single-file ComfyUI checkpoint" in reports.text() and "no single-file model" in reports.text()
     assert imported("wan_main.toml", model_path="/m/wan.safetensors")[0]["run"]["model_path"] == "/m/wan.safetensors"
 
@@ -143,6 +145,8 @@ def test_export_then_import_keeps_the_mapped_settings(tmp_path):
     (tmp_path / "main.toml").write_text(main_text)
     (tmp_path / "dataset.toml").write_text(data_text)
     assert tomllib.loads(main_text)["optimizer"]["type"] == "adamw"
+    assert tomllib.loads(main_text)["video_clip_mode"] == "single_middle"
+    assert tomllib.loads(data_text)["frame_buckets"] == [1, 17, 49]
     again, _ = from_diffusion_pipe(tmp_path / "main.toml", run_name="hunyuan_main")
     first, second = settings["run"], again["run"]
     for section in ("train", "memory", "lora", "objective", "launch"):
@@ -185,6 +189,8 @@ def _variant(tmp_path, old: str, new: str) -> Path:
     ("lr = 4e-5", "lr = 3.0", ["learning_rate 3", "adamw8bit_kahan"]),
     ("epochs = 12", "epochs = [12", ["not valid TOML"]),
     ("[optimizer]", "[optimiser]", ["[optimizer]", "is missing"]),
+    ("video_clip_mode = 'single_beginning'", "video_clip_mode = 'random'",
+     ["video_clip_mode", "'random'", "multiple_overlapping"]),
 ])
 def test_bad_values_are_refused_naming_the_file_key_and_fix(tmp_path, old, new, words):
     path = _variant(tmp_path, old, new)
@@ -260,7 +266,7 @@ def test_the_node_gives_pipetrain_settings_and_the_report():
     result = dict(zip(Node.RETURN_NAMES, out))
     assert isinstance(result["lora"], LoraSpec) and result["lora"].rank == 16
     assert isinstance(result["memory"], MemorySpec) and result["memory"].block_swap == 24
-    assert result["dataset"].video_frames == 33 and result["epochs"] == 12.0 and result["learning_rate"] == 4e-5
+    assert result["dataset"].clip_lengths == (33,) and result["epochs"] == 12.0 and result["learning_rate"] == 4e-5
     assert "stabilize: not mapped" in result["report"] and "timestep_sampling = 'logit_normal'" in result["report"]
     assert len(out) == len(Node.RETURN_TYPES) == len(Node.OUTPUT_TOOLTIPS)
     with pytest.raises(ConfigError, match="does not exist"):
