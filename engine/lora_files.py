@@ -10,6 +10,10 @@ from pathlib import Path
 EMA_SUFFIX = "_ema"
 
 
+def lora_step_file(step: int) -> str:
+    return f"lora_step{step:06d}.safetensors"
+
+
 def ema_file(path: str | Path) -> Path:
     """The EMA partner of a LoRA file: lora_final.safetensors -> lora_final_ema.safetensors."""
     path = Path(path)

@@ -105,6 +105,13 @@ def load_lora_onto_model(model, lora_path: str, strength: float):
     return patched
 
 
+def load_diffusion_model(path: str):
+    """A diffusion-model file as UNETLoader loads it (a MODEL: ComfyUI's ModelPatcher)."""
+    import comfy.sd
+
+    return comfy.sd.load_diffusion_model(path)
+
+
 def prompt_server():
     """ComfyUI's PromptServer (browser messages, HTTP routes), or None outside a ComfyUI server."""
     try:

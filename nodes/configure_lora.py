@@ -23,15 +23,17 @@ class PipeTrainConfigureLoRA:
             "required": {
                 "rank": ("INT", {"default": 16, "min": 1, "max": 1024, "tooltip":
                          "LoRA rank: capacity of the adapter. 16-32 suits a style or a character; higher ranks "
-                         "learn more detail and make bigger files."}),
+                         "learn more detail and make bigger files. Not used by adapter 'full'."}),
                 "alpha": ("FLOAT", {"default": 0.0, "min": 0.0, "max": 4096.0, "step": 0.5, "tooltip":
-                          "LoRA alpha; the update is scaled by alpha / rank. 0 means alpha = rank (scale 1.0)."}),
+                          "LoRA alpha; the update is scaled by alpha / rank. 0 means alpha = rank (scale 1.0). Not "
+                          "used by adapter 'full'."}),
                 "dropout": ("FLOAT", {"default": 0.0, "min": 0.0, "max": 0.9, "step": 0.01, "tooltip":
                             "Dropout on the LoRA input during training (0 = off). Small values (0.05) can reduce "
                             "overfitting on tiny datasets."}),
                 "targets": (list(LORA_TARGET_PRESETS), {"default": "attention", "tooltip":
                             "Which linear layers of the model's blocks get a LoRA: attention projections only, "
-                            "attention + MLP, or every linear layer in the blocks."}),
+                            "attention + MLP, or every linear layer in the blocks. With adapter 'full' these layers' own "
+                            "weights train, and all_linear trains every weight of the blocks (norms too)."}),
                 "target_regex": ("STRING", {"default": "", "tooltip":
                                  "Optional regular expression on module names (e.g. 'double_blocks'); when set, only "
                                  "the preset's layers whose name matches are trained."}),
@@ -40,7 +42,8 @@ class PipeTrainConfigureLoRA:
                                "targets), or 'none' to start fresh."}),
                 "lora_dtype": (list(LORA_DTYPES), {"default": "float32", "tooltip":
                                "Precision of the trainable LoRA weights. float32 is safest; bfloat16 saves a little "
-                               "memory."}),
+                               "memory. Adapter 'full': float32 keeps float32 master copies of the trained weights; "
+                               "bfloat16 halves their memory (pair it with the adamw8bit_kahan optimizer)."}),
             },
             # Optional so that graphs and API prompts from before the adapter kinds keep working (plain LoRA).
             "optional": {
@@ -48,7 +51,9 @@ class PipeTrainConfigureLoRA:
                             "Adapter kind. lora: low-rank update B x A (the usual choice). loha: Hadamard product of "
                             "two low-rank updates (more expressive per parameter). lokr: Kronecker product of a small "
                             "and a low-rank factor (very small files). dora: LoRA plus a learned magnitude per output "
-                            "channel (weight-decomposed; slower). All load with ComfyUI's LoRA loader."}),
+                            "channel (weight-decomposed; slower). All load with ComfyUI's LoRA loader. full: no adapter, "
+                            "the model's own block weights train (full fine-tune; rank and alpha do not apply; save "
+                            "it with PipeTrain Save Model; needs much more GPU memory, see docs/full-finetune.md)."}),
                 "lokr_factor": ("INT", {"default": -1, "min": -1, "max": 1024, "tooltip":
                                 "LoKr only: size of the first Kronecker factor per dimension, where it divides the "
                                 "layer's width; -1 picks it automatically (near the square root of the width)."}),

@@ -238,14 +238,15 @@ def _check_objective(found: Detected, objective, model_name: str) -> None:
 def _check_lora(found: Detected, lora, model_name: str) -> None:
     if not found.widths:
         return
-    if lora.target_regex:
+    # A full fine-tune's all_linear regex filters parameter names, norms too: the engine checks that one.
+    if lora.target_regex and not (lora.kind == "full" and lora.targets == "all_linear"):
         regex = re.compile(lora.target_regex)
         if not any(regex.search(name) for name in found.widths):
             raise ConfigError(f"lora target_regex {lora.target_regex!r} matches no layer name of {model_name!r} "
                               f"(e.g. {_examples(found.widths)}): loosen the regex, or clear it to train every "
                               "layer of the targets preset.")
     widest = max(_block_widths(found.widths).values(), default=0)
-    if widest and lora.rank > widest:
+    if widest and lora.rank > widest and lora.kind != "full":  # a full fine-tune has no rank
         raise ConfigError(f"lora rank {lora.rank} is larger than any layer of {model_name!r} is wide (at most "
                           f"{widest}): a rank above a layer's width adds no capacity, only size. Use a rank of "
                           f"{widest} or less (16-64 is typical).")

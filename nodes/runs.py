@@ -15,6 +15,7 @@ from ..engine.config import revisions
 from ..engine.config.checks import MAX_NAME_CHARS, ConfigError, check_run_name
 from ..engine.config.objective import ObjectiveSpec
 from ..engine.config.run import RunConfig
+from ..engine.model_files import newest_model
 
 RESUME_OFF = "off"
 RESUME_LATEST = "latest"
@@ -141,5 +142,8 @@ def resumed_objective(run_dir: Path) -> ObjectiveSpec:
 def summary_text(result: RunResult) -> str:
     verb = "trained" if result.status == "done" else "stopped (cancelled) at"
     ema = f"\nEMA LoRA: {result.ema_path}" if result.ema_path else ""
+    saved = f"LoRA: {result.lora_path}"
+    if not result.lora_path:  # a full fine-tune (lora.kind full) saves the model instead (engine/model_files.py)
+        saved = f"model: {newest_model(result.run_dir) or 'none saved'}"
     return (f"{result.run_name}: {verb} {result.steps}/{result.total_steps} steps, final loss "
-            f"{result.final_loss:.4f}\nLoRA: {result.lora_path}{ema}\nrun folder: {result.run_dir}")
+            f"{result.final_loss:.4f}\n{saved}{ema}\nrun folder: {result.run_dir}")

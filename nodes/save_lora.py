@@ -16,35 +16,38 @@ PLAIN, EMA = "plain", "ema"
 WEIGHTS = (PLAIN, EMA)  # which of a run's LoRA files SaveLoRA copies
 
 
-def safe_lora_target(loras_root: str, name: str) -> Path:
+def safe_lora_target(loras_root: str, name: str, what: str = "LoRA", folder: str = "loras") -> Path:
     """models/loras/pipetrain/<name>.safetensors, refusing names that would leave that folder or that
-    some OS cannot store (ComfyUI and its model folders are often shared between Linux and Windows)."""
+    some OS cannot store (ComfyUI and its model folders are often shared between Linux and Windows).
+    `what` and `folder` name the file kind and model folder in the messages (Save Model: "model",
+    "diffusion_models")."""
     hidden = invisible_characters(name)
     if hidden:
-        raise ConfigError(f"LoRA name {name!r} is not allowed: it contains the invisible or control character(s) "
+        raise ConfigError(f"{what} name {name!r} is not allowed: it contains the invisible or control character(s) "
                           f"{', '.join(hidden)} (a line break, or one that reorders or hides text). Type a plain "
                           "name like 'my_style'.")
     clean = name.strip().replace("\\", "/")
     if clean.lower().endswith(".safetensors"):
         clean = clean[: -len(".safetensors")]
     if not clean.strip("/"):
-        raise ConfigError(f"LoRA name {name!r} is not allowed: it is empty. Give a name like 'my_style' "
+        raise ConfigError(f"{what} name {name!r} is not allowed: it is empty. Give a name like 'my_style' "
                           "('.safetensors' is added).")
     parts = PurePosixPath(clean).parts
     if not parts or clean.startswith("/") or ":" in clean or any(p in ("..", ".") for p in clean.split("/")):
-        raise ConfigError(f"LoRA name {name!r} is not allowed: use a plain name like 'my_style' (sub-folders "
+        raise ConfigError(f"{what} name {name!r} is not allowed: use a plain name like 'my_style' (sub-folders "
                           "such as 'people/anna' are fine; no '..', drive letters or absolute paths).")
     for part in parts:
         problem = portable_name_problem(part)
         if problem:
-            raise ConfigError(f"LoRA name {name!r} is not allowed: {part!r} {problem}. Use a plain name like "
+            raise ConfigError(f"{what} name {name!r} is not allowed: {part!r} {problem}. Use a plain name like "
                               "'my_style' (letters, digits, '_', '-', sub-folders with '/').")
     base = (Path(loras_root) / SUBFOLDER).resolve()
     target = base.joinpath(*parts).with_name(parts[-1] + ".safetensors").resolve()
     if base not in target.parents:
-        raise ConfigError(f"LoRA name {name!r} would be written outside models/loras/{SUBFOLDER}: pick a plain name.")
+        raise ConfigError(f"{what} name {name!r} would be written outside models/{folder}/{SUBFOLDER}: pick a plain "
+                          "name.")
     if target.is_dir():
-        raise ConfigError(f"LoRA name {name!r}: {target} is a folder: pick another name.")
+        raise ConfigError(f"{what} name {name!r}: {target} is a folder: pick another name.")
     return target
 
 

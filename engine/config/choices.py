@@ -9,8 +9,8 @@ LORA_TARGET_PRESETS = ("attention", "attention_mlp", "all_linear")
 LORA_DTYPES = ("float32", "bfloat16")
 # Adapter kinds (engine/train/adapter_kinds.py): lora = low-rank B @ A; loha = Hadamard product of two low-rank
 # products; lokr = Kronecker product of a small and a (low-rank) large factor; dora = LoRA plus a learned magnitude
-# per output row (weight-decomposed LoRA).
-ADAPTER_KINDS = ("lora", "loha", "lokr", "dora")
+# per output row (weight-decomposed LoRA); full = no adapter: the model's block weights train (engine/train/full_tune.py).
+ADAPTER_KINDS = ("lora", "loha", "lokr", "dora", "full")
 BASE_DTYPES = ("auto", "float32", "bfloat16", "float16", "float8_e4m3fn", "float8_e5m2")
 CHECKPOINTING = ("off", "on", "cpu_offload")  # activation checkpointing modes (engine/memory/activation_checkpointing.py)
 # torch.compile modes for compile_blocks: "default" = inductor's; "cuda_graphs" = inductor's reduce-overhead
@@ -48,3 +48,4 @@ LOSSES = ("mse", "huber", "smooth_l1")  # the loss on the native-target error (e
 BACKENDS = ("deepspeed", "plain")  # plain = one PyTorch process, no DeepSpeed (engine/train/plain.py)
 RUN_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
 HOST_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:%-]{0,252}$")  # a host name, IPv4 or IPv6 address
+WANDB_MODES = ("online", "offline")  # monitor.wandb_mode (engine/config/monitor.py)

@@ -14,7 +14,7 @@ from .choices import OPTIMIZER_LR_RANGES
 if TYPE_CHECKING:  # annotations only (no import at run time)
     from .launch import LaunchSpec
     from .objective import ObjectiveSpec
-    from .sections import MemorySpec, TrainSpec
+    from .sections import LoraSpec, MemorySpec, TrainSpec
 
 
 def check_optimizer_settings(memory: "MemorySpec", train: "TrainSpec") -> None:
@@ -48,6 +48,26 @@ def check_pipeline_backend(memory: "MemorySpec", launch: "LaunchSpec") -> None:
     check(launch.backend == "deepspeed" or memory.pipeline_stages == 1,
           f"memory.pipeline_stages {memory.pipeline_stages} needs DeepSpeed, which is not in use (launch.backend "
           f"'{launch.backend}'): install it (pip install deepspeed, Linux) or set pipeline_stages to 1.")
+
+
+def check_full_finetune(lora: "LoraSpec", memory: "MemorySpec", train: "TrainSpec") -> None:
+    """A full fine-tune (lora.kind full) trains the model's own weights: not in fp8, not while block swap moves
+    them between CPU and GPU, in one pipeline stage, and without an EMA (a second copy of every weight)."""
+    if lora.kind != "full":
+        return
+    check(not memory.base_dtype.startswith("float8"),
+          f"a full fine-tune cannot train fp8 weights (memory.base_dtype {memory.base_dtype!r}: updates vanish in "
+          "fp8's rounding): set base_dtype to auto or bfloat16, or train a LoRA (adapter lora) on the fp8 model.")
+    check(memory.block_swap == 0,
+          f"a full fine-tune does not work with block swap yet (memory.block_swap {memory.block_swap}: it moves "
+          "frozen blocks, the trained ones would lose their optimizer state): set block_swap to 0, and use "
+          "activation checkpointing and an 8-bit or CPU-offload optimizer to save memory.")
+    check(memory.pipeline_stages == 1,
+          f"a full fine-tune runs in one pipeline stage for now (memory.pipeline_stages {memory.pipeline_stages}): "
+          "set pipeline_stages to 1 (several GPUs then train data parallel).")
+    check(train.ema_decay == 0,
+          f"a full fine-tune keeps no EMA yet (train.ema_decay {train.ema_decay:g} would hold a second copy of every "
+          "trained weight): set ema_decay to 0.")
 
 
 def data_parallel_size(gpus: int, stages: int, nodes: int = 1) -> int:

@@ -7,10 +7,10 @@ the headless launcher, every rank at start. A bad value is reported before any r
 message that names the setting and says what to change. Everything here is plain data (no torch).
 
 The sections live in files named for them (engine/config/sections.py: lora, memory, train, sample;
-engine/config/launch.py: launch and its cluster; engine/config/eval.py: eval), the allowed values in
-engine/config/choices.py, the shared checks in engine/config/checks.py and the rules across
-sections in engine/config/rules.py; the loss's settings in engine/config/objective.py. Each name is
-imported from the file that defines it.
+engine/config/launch.py: launch and its cluster; engine/config/eval.py: eval; engine/config/monitor.py:
+monitor, W&B), the allowed values in engine/config/choices.py, the shared checks in
+engine/config/checks.py and the rules across sections in engine/config/rules.py; the loss's settings
+in engine/config/objective.py. Each name is imported from the file that defines it.
 """
 from __future__ import annotations
 
@@ -25,9 +25,11 @@ from .checks import ConfigError, check_run_name
 from .checks import check as _check
 from .eval import EvalSpec
 from .launch import ClusterSpec, LaunchSpec
+from .monitor import MonitorSpec
 from .objective import ObjectiveSpec
 from .revisions import keep_run_settings
 from .rules import (
+    check_full_finetune,
     check_objective_settings,
     check_optimizer_settings,
     check_pipeline_backend,
@@ -52,6 +54,7 @@ class RunConfig:
     sample: SampleSpec = field(default_factory=SampleSpec)
     eval: EvalSpec = field(default_factory=EvalSpec)  # held-out eval set (engine/config/eval.py)
     objective: ObjectiveSpec = field(default_factory=ObjectiveSpec)  # the loss (engine/config/objective.py)
+    monitor: MonitorSpec = field(default_factory=MonitorSpec)  # W&B (engine/config/monitor.py); off by default
     resume: bool = False  # continue from the newest checkpoint in run_dir/checkpoints
     accept_changes: bool = False  # resume even with settings that change the result (engine/config/revisions.py)
     version: int = CONFIG_VERSION
@@ -62,11 +65,13 @@ class RunConfig:
                f"run.json has version {self.version}, this PipeTrain reads version {CONFIG_VERSION}: "
                "re-create the run from the TrainPipeline node.")
         check_run_name(self.run_name)
-        for part in (self.lora, self.memory, self.train, self.launch, self.sample, self.eval, self.objective):
+        for part in (self.lora, self.memory, self.train, self.launch, self.sample, self.eval, self.objective,
+                     self.monitor):
             part.validate()
         check_optimizer_settings(self.memory, self.train)
         check_objective_settings(self.objective, self.train)
         check_pipeline_backend(self.memory, self.launch)
+        check_full_finetune(self.lora, self.memory, self.train)
         nodes = self.launch.nodes()  # with a hostfile, engine/launch/cluster.py checks this once it is read
         if nodes:
             data_parallel_size(nodes * self.launch.num_gpus, self.memory.pipeline_stages, nodes)
@@ -145,7 +150,7 @@ def _build(cls, data: Any, where: str):
 
 _SECTIONS = {"LoraSpec": LoraSpec, "MemorySpec": MemorySpec, "TrainSpec": TrainSpec, "LaunchSpec": LaunchSpec,
              "ClusterSpec": ClusterSpec,
-             "SampleSpec": SampleSpec, "EvalSpec": EvalSpec, "ObjectiveSpec": ObjectiveSpec}
+             "SampleSpec": SampleSpec, "EvalSpec": EvalSpec, "ObjectiveSpec": ObjectiveSpec, "MonitorSpec": MonitorSpec}
 
 
 def write_text_atomic(path: Path, text: str) -> None:

@@ -57,6 +57,9 @@ class LoraSpec:
               "(lora is the usual choice).")
         check(self.lokr_factor == -1 or 1 <= self.lokr_factor <= 1024,
               f"lora.lokr_factor is {self.lokr_factor}: use -1 (automatic) or a factor between 1 and 1024.")
+        check(self.kind != "full" or not self.init_from,
+              "lora.init_from names a LoRA to continue, but kind 'full' trains the model itself: start from 'none' "
+              "(to continue a full fine-tune, load its saved model as the base model).")
         # peft's LoHa and LoKr layers have no input dropout (only rank/module dropout, which PipeTrain does not offer).
         check(self.dropout == 0 or self.kind in ("lora", "dora"),
               f"lora.dropout is {self.dropout} but kind {self.kind!r} has no input dropout: set dropout to 0, or "

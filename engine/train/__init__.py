@@ -4,7 +4,8 @@ never imports this package.
 - loop.py: setup, resume, loop, save (`python -m engine` runs its main).
 - objective.py: the training objective for every model ComfyUI loads; conditioning.py: a cached
   item's conditioning -> ComfyUI's extra_conds; sample_order.py: which samples each rank trains on.
-- lora.py: LoRA layers and files; ema.py: the EMA copy of the LoRA weights; grad_norm.py: the
+- lora.py: LoRA layers and files (adapter_kinds.py: LoHa, LoKr, DoRA); full_tune.py: a full fine-tune's
+  trained block weights and the model it saves; ema.py: the EMA copy of the LoRA weights; grad_norm.py: the
   gradient norm of each step. optim.py + optimizers/: optimizers and schedules.
 - pipeline.py: pipeline + data parallel over DeepSpeed; plain.py: one process without DeepSpeed;
   distributed.py: rank helpers and collectives; node_checks.py: every node runs the same thing.

@@ -17,7 +17,7 @@ from ..config import revisions
 from ..config.run import RunConfig
 from ..events import EventLog
 from ..version import __version__
-from . import checkpoints, node_checks
+from . import checkpoints, node_checks, wandb_log
 from . import distributed as dist
 from .setup_phases import SetupPhases
 from .stop_flag import StopFlag
@@ -47,7 +47,8 @@ def main(config_path: str, process_start: float | None = None) -> int:
     peers: list = []  # every rank's facts (pid, host): a rank that dies is named by the others
     try:
         peers = node_checks.check_agreement(cfg)  # every node: same versions, run.json, files and checkpoint
-        code = train(cfg, device, events, phases)
+        with wandb_log.session(cfg, dist.rank()) as wb:  # W&B (monitor.wandb_project), finished however it ends
+            code = train(cfg, device, events, phases, wb)
         dist.leave()  # together: a rank that exits while a peer still reads from it can abort that peer
         return code
     except BaseException as e:  # report every failure before the launcher sees the exit code
@@ -57,18 +58,21 @@ def main(config_path: str, process_start: float | None = None) -> int:
         raise
 
 
-def train(cfg: RunConfig, device: torch.device, events: EventLog, phases: SetupPhases | None = None) -> int:
+def train(cfg: RunConfig, device: torch.device, events: EventLog, phases: SetupPhases | None = None,
+          wb: wandb_log.WandbLog | None = None) -> int:
     from ..cache.reader import CachedDataset
     from ..config.rules import data_parallel_size
     from ..latent_fit import accepted_channels, packed_latent_missing, wanted_latents
-    from ..lora_files import ema_file
+    from .. import model_files
+    from ..lora_files import ema_file, lora_step_file
     from ..memory.options import apply_memory_options
     from ..models.loading import ModelLoadError, load_base_model
     from ..patches.probe_batch import probe_forward
     from ..patches.trainable import make_trainable
     from .ema import start_ema
     from .grad_norm import last_grad_norm
-    from .lora import inject_lora, is_adapter_param, lora_parameters, lora_state_dict, lora_tensors
+    from .full_tune import model_tensors, unfreeze_blocks
+    from .lora import inject_lora, lora_state_dict, lora_tensors, trained_parameters
     from .objective import DiffusionObjective, apply_timestep_shift
     from .objective_checks import check_objective
     from .optim import build_scheduler
@@ -118,7 +122,8 @@ def train(cfg: RunConfig, device: torch.device, events: EventLog, phases: SetupP
                    cache_file=run_dir.parent / BLOCK_VERDICTS)
     phases.done("block_probe")
     torch.manual_seed(t.seed)  # peft draws lora_A's initial values from the global RNG
-    targets = inject_lora(model.diffusion_model, cfg.lora)
+    full = cfg.lora.kind == "full"  # a full fine-tune: the block weights themselves train (engine/train/full_tune.py)
+    targets = (unfreeze_blocks if full else inject_lora)(model.diffusion_model, cfg.lora)
     phases.done("lora")
     # Checkpointing, block swap, compile; places the model on the device unless pipelined.
     memory = apply_memory_options(model, cfg.memory, None if pipelined else device)
@@ -128,7 +133,7 @@ def train(cfg: RunConfig, device: torch.device, events: EventLog, phases: SetupP
     if pipelined:
         from . import pipeline
 
-        lora_names = {id(p): n for n, p in model.diffusion_model.named_parameters() if is_adapter_param(n)}
+        lora_names = {id(p): n for n, p in trained_parameters(model.diffusion_model, cfg.lora).items()}
         engine, adapter = pipeline.build_engine(cfg, model, objective,
                                                 lambda ps: build_optimizer(cfg.memory.optimizer, ps, t),
                                                 lambda opt: build_scheduler(opt, t, total_steps),
@@ -136,7 +141,7 @@ def train(cfg: RunConfig, device: torch.device, events: EventLog, phases: SetupP
         scheduler = engine.lr_scheduler
         params = [p for p in engine.module.parameters() if p.requires_grad]
     else:
-        params = lora_parameters(model.diffusion_model)
+        params = list(trained_parameters(model.diffusion_model, cfg.lora).values())
         optimizer = build_optimizer(cfg.memory.optimizer, params, t)
         scheduler = build_scheduler(optimizer, t, total_steps)
         with memory.hidden():  # DeepSpeed moves the whole model to the GPU: not the swapped blocks
@@ -162,9 +167,10 @@ def train(cfg: RunConfig, device: torch.device, events: EventLog, phases: SetupP
                 samples=len(stream), setup_seconds=round(time.time() - launched, 2), ranks=layout,
                 setup_phases=phases.seconds)
     tb = _tensorboard(run_dir) if rank == 0 else None
+    wb = wb or wandb_log.WandbLog()  # rank 0's W&B run, or nothing (engine/train/wandb_log.py)
     # The EMA of this rank's LoRA weights (train.ema_decay; engine/train/ema.py), by the names the files use.
     trained = ({lora_names[id(p)]: p for p in engine.module.parameters() if id(p) in lora_names} if pipelined else
-               {n: p for n, p in model.diffusion_model.named_parameters() if is_adapter_param(n)})
+               trained_parameters(model.diffusion_model, cfg.lora))
     ema = start_ema(t, trained, resumed_from, start_step, events)
     if changes and rank == 0:
         listed = [{"setting": name, "before": old, "after": new} for name, old, new in changes]
@@ -185,8 +191,16 @@ def train(cfg: RunConfig, device: torch.device, events: EventLog, phases: SetupP
             result = evaluator.run(engine, adapter if pipelined else None)
             if rank == 0:
                 report(result, step, events, tb)
+                wb.eval(result, step)
 
     def save_lora(name: str, step: int) -> None:
+        if full:  # the whole diffusion model, bf16, ComfyUI's keys (engine/model_files.py); one stage only
+            if rank == 0:
+                from .lora import save_lora as write
+                path = run_dir / model_files.FOLDER / name
+                write(path, model_tensors(model.diffusion_model), {**meta, "pipetrain_steps": str(step)})
+                events.emit("saved", step=step, path=str(path))
+            return
         # Pipelined, every stage holds part of the LoRA: gathering it is a collective on all ranks.
         if pipelined:
             named = pipeline.gather_lora(engine.module, lora_names)
@@ -220,6 +234,10 @@ def train(cfg: RunConfig, device: torch.device, events: EventLog, phases: SetupP
             events.emit("checkpoint", step=step, path=str(ckpt_root / tag))
 
     # ---- loop ---------------------------------------------------------------------------
+    if full:
+        step_file, final = model_files.step_file, run_dir / model_files.FOLDER / model_files.FINAL
+    else:
+        step_file, final = lora_step_file, run_dir / "lora" / "lora_final.safetensors"
     step = start_step
     loss = float("nan")
     if step == 0:
@@ -252,23 +270,23 @@ def train(cfg: RunConfig, device: torch.device, events: EventLog, phases: SetupP
             tb.add_scalar("train/loss", loss, step)
             tb.add_scalar("train/lr", lr, step)
             tb.add_scalar("train/grad_norm", grad_norm, step)
+        wb.step(step, loss, lr, grad_norm)
         evaluate(step)
         if renderer is not None:
             renderer.maybe_render(step, total_steps, stop.requested)
         if t.save_every and step % t.save_every == 0 and step < total_steps:
-            save_lora(f"lora_step{step:06d}.safetensors", step)
+            save_lora(step_file(step), step)
         cancel = dist.any_true(stop.requested(), device)
         if cancel or (t.checkpoint_every and step % t.checkpoint_every == 0) or step == total_steps:
             save_checkpoint(step)
         if cancel:
-            save_lora(f"lora_step{step:06d}.safetensors", step)
+            save_lora(step_file(step), step)
             events.emit("cancelled", step=step, total=total_steps, loss=loss, reason=stop.reason)
             _close(tb)
             return 0
 
-    final = run_dir / "lora" / "lora_final.safetensors"
     save_lora(final.name, step)
-    events.emit("done", step=step, total=total_steps, loss=loss, lora=str(final),
+    events.emit("done", step=step, total=total_steps, loss=loss, **{"model" if full else "lora": str(final)},
                 **({"lora_ema": str(ema_file(final))} if ema else {}), seconds=round(time.time() - launched, 2))
     _close(tb)
     return 0

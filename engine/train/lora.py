@@ -84,6 +84,14 @@ def lora_parameters(diffusion_model: nn.Module) -> list[nn.Parameter]:
     return [p for n, p in diffusion_model.named_parameters() if is_adapter_param(n)]
 
 
+def trained_parameters(diffusion_model: nn.Module, spec: LoraSpec) -> dict[str, nn.Parameter]:
+    """The weights a run trains, by name: the adapters of every LoRA kind, or for kind full the block weights
+    engine/train/full_tune.py left trainable."""
+    if spec.kind == "full":
+        return {n: p for n, p in diffusion_model.named_parameters() if p.requires_grad}
+    return {n: p for n, p in diffusion_model.named_parameters() if is_adapter_param(n)}
+
+
 def lora_tensors(diffusion_model: nn.Module) -> dict[str, torch.Tensor]:
     """The adapter parameters by their (peft) module path, as contiguous CPU copies."""
     return {name: param.detach().to("cpu").contiguous().clone()

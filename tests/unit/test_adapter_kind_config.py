@@ -34,7 +34,7 @@ def test_configure_lora_node_passes_the_kind_and_defaults_to_lora():
 
     node = PipeTrainConfigureLoRA()
     optional = PipeTrainConfigureLoRA.INPUT_TYPES()["optional"]
-    assert optional["adapter"][0] == ["lora", "loha", "lokr", "dora"] and optional["adapter"][1]["tooltip"]
+    assert optional["adapter"][0] == ["lora", "loha", "lokr", "dora", "full"] and optional["adapter"][1]["tooltip"]
     (plain,) = node.configure(16, 0.0, 0.0, "attention", "", "none", "float32")
     assert plain.kind == "lora" and plain.lokr_factor == -1
     (lokr,) = node.configure(16, 0.0, 0.0, "attention", "", "none", "float32", adapter="lokr", lokr_factor=8)

@@ -1,0 +1,78 @@
+"""PipeTrainSaveModel: put a full fine-tune's model into models/diffusion_models/pipetrain/ and load it."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from ..engine import model_files
+from ..engine.config.checks import ConfigError
+from ..engine.version import __version__
+from . import compat
+from .save_lora import safe_lora_target
+from .types import RUN
+
+
+def source_model(run) -> Path:
+    """The run's newest diffusion-model file (model_final, else the newest model_step), refused with the fix."""
+    source = model_files.newest_model(run.run_dir)
+    if source is None:
+        raise ConfigError(f"run {run.run_name!r} wrote no model file (no {model_files.FOLDER}/ folder in "
+                          f"{run.run_dir}): it trained a LoRA, so save it with PipeTrain Save LoRA, or train with "
+                          "Configure LoRA's adapter 'full' to fine-tune the whole model.")
+    return source
+
+
+class PipeTrainSaveModel:
+    CATEGORY = "PipeTrain"
+    DESCRIPTION = ("Copy a full fine-tune's trained diffusion model to models/diffusion_models/pipetrain/<name>"
+                   ".safetensors (listed by Load Diffusion Model) in bf16 or fp8, and output it loaded as a MODEL "
+                   "for a test sampler.")
+    RETURN_TYPES = ("MODEL", "STRING")
+    RETURN_NAMES = ("model", "model_name")
+    FUNCTION = "save"
+    OUTPUT_NODE = True
+
+    @classmethod
+    def INPUT_TYPES(cls):
+        return {
+            "required": {
+                "run": (RUN, {"tooltip": "The finished run from PipeTrain Train Pipeline, trained with Configure "
+                              "LoRA's adapter 'full'."}),
+                "name": ("STRING", {"default": "my_model", "tooltip":
+                         "File name under models/diffusion_models/pipetrain/ ('.safetensors' is added)."}),
+                "overwrite": ("BOOLEAN", {"default": False, "tooltip":
+                              "Replace an existing model file of that name. Off: an existing file is an error, "
+                              "never silently replaced."}),
+                "dtype": (list(model_files.SAVE_DTYPES), {"default": "bfloat16", "tooltip":
+                          "bfloat16: the trained weights as the run saved them. float8_e4m3fn: the linear and "
+                          "conv weight matrices in fp8 (half the size; ComfyUI computes in a higher precision), "
+                          "norms, biases and embeddings stay bfloat16."}),
+            },
+        }
+
+    def save(self, run, name, overwrite, dtype="bfloat16"):
+        from safetensors import safe_open
+        from safetensors.torch import load_file, save_file
+
+        source = source_model(run)
+        root = compat.first_folder("diffusion_models")
+        target = safe_lora_target(root, name, what="model", folder="diffusion_models")
+        if target.exists() and not overwrite:  # checked before reading a file of many gigabytes
+            raise ConfigError(f"{target} already exists: choose another name, or turn on overwrite to replace it.")
+        with safe_open(str(source), framework="pt") as f:
+            metadata = dict(f.metadata() or {})
+        metadata.update({"pipetrain_version": __version__, "pipetrain_steps": str(run.steps),
+                         "pipetrain_run": run.run_name, "pipetrain_base_model": run.model_name,
+                         "pipetrain_dtype": dtype})
+        tensors = model_files.in_save_dtype(load_file(str(source)), dtype)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_name(f".{target.name}.tmp{os.getpid()}")
+        try:
+            save_file(tensors, str(tmp), metadata=metadata)
+            os.replace(tmp, target)
+        finally:
+            tmp.unlink(missing_ok=True)
+        del tensors
+        model_name = os.path.relpath(target, Path(root).resolve())
+        return {"ui": {"text": [f"saved {model_name} ({dtype})"]},
+                "result": (compat.load_diffusion_model(str(target)), model_name)}
