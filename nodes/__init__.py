@@ -8,6 +8,8 @@ from .memory_options import PipeTrainMemoryOptions
 from .objective_options import PipeTrainObjectiveOptions
 from .run_plots import PipeTrainLossPlot, PipeTrainSampleGrid
 from .save_lora import PipeTrainSaveLoRA
+from .save_model import PipeTrainSaveModel
+from .train_options import PipeTrainTrainOptions
 from .train_pipeline import PipeTrainTrainPipeline
 
 NODE_CLASS_MAPPINGS = {
@@ -17,8 +19,10 @@ NODE_CLASS_MAPPINGS = {
     "PipeTrainMemoryOptions": PipeTrainMemoryOptions,
     "PipeTrainObjectiveOptions": PipeTrainObjectiveOptions,
     "PipeTrainTrainPipeline": PipeTrainTrainPipeline,
+    "PipeTrainTrainOptions": PipeTrainTrainOptions,
     "PipeTrainCluster": PipeTrainCluster,
     "PipeTrainSaveLoRA": PipeTrainSaveLoRA,
+    "PipeTrainSaveModel": PipeTrainSaveModel,
     "PipeTrainLossPlot": PipeTrainLossPlot,
     "PipeTrainSampleGrid": PipeTrainSampleGrid,
     "PipeTrainImportDiffusionPipeConfig": PipeTrainImportDiffusionPipeConfig,
@@ -31,8 +35,10 @@ NODE_DISPLAY_NAME_MAPPINGS = {
     "PipeTrainMemoryOptions": "PipeTrain Memory Options",
     "PipeTrainObjectiveOptions": "PipeTrain Objective Options",
     "PipeTrainTrainPipeline": "PipeTrain Train Pipeline",
+    "PipeTrainTrainOptions": "PipeTrain Train Options",
     "PipeTrainCluster": "PipeTrain Cluster (multi-node)",
     "PipeTrainSaveLoRA": "PipeTrain Save LoRA",
+    "PipeTrainSaveModel": "PipeTrain Save Model",
     "PipeTrainLossPlot": "PipeTrain Loss Plot",
     "PipeTrainSampleGrid": "PipeTrain Sample Grid",
     "PipeTrainImportDiffusionPipeConfig": "PipeTrain Import diffusion-pipe Config",

@@ -1,9 +1,22 @@
-"""TrainPipeline's groups of optional inputs (samples, eval set, noise range, EMA), in the order the node
-lists them. Saved UI workflows store widget values by position: a new group or input goes at the end."""
+"""Groups of TrainPipeline's and Train Options' inputs (samples, eval set, noise range, EMA, launch), in
+the order the nodes list them. Saved UI workflows store widget values by position: a new input goes at the
+end of its node (web/pipetrain.js converts workflows saved before the settings moved to Train Options)."""
 from __future__ import annotations
 
+from ..engine.config.choices import BACKENDS, TIMESTEP_SAMPLING
 from . import compat
 from .types import CACHE
+
+
+def sample_link_inputs() -> dict:
+    """TrainPipeline's sample inputs: the graph's encoders and the prompts (samples are off until a line)."""
+    inputs = sample_inputs()
+    return {name: inputs[name] for name in ("clip", "vae", "sample_prompts")}
+
+
+def sample_setting_inputs() -> dict:
+    """Train Options' sample settings: everything about the samples but the encoders and the prompts."""
+    return {name: spec for name, spec in sample_inputs().items() if name not in sample_link_inputs()}
 
 
 def sample_inputs() -> dict:
@@ -15,7 +28,7 @@ def sample_inputs() -> dict:
                                    "Needed only for samples."}),
         "sample_prompts": ("STRING", {"default": "", "multiline": True, "tooltip":
                            "Prompts to sample while training, one per line (empty = no samples). Each is rendered "
-                           "with the current LoRA every sample_every steps and at the end; the newest show on "
+                           "with the current LoRA every sample_every steps (Train Options) and at the end; the newest show on "
                            "this node, all of them are kept in the run folder (samples/) and TensorBoard."}),
         "sample_negative": ("STRING", {"default": "", "tooltip": "Negative prompt for the samples (used when "
                                                                  "sample_cfg > 1)."}),
@@ -42,7 +55,8 @@ def sample_inputs() -> dict:
 
 
 def eval_inputs() -> dict:
-    """Optional inputs for a held-out eval set (off until eval_cache is connected)."""
+    """The held-out eval set's inputs (off until eval_cache is connected; eval_cache is TrainPipeline's,
+    the others Train Options')."""
     return {
         "eval_cache": (CACHE, {"tooltip": "A held-out eval set: a second Cache Latents output (its own images, "
                                "same VAE and CLIP). Its loss is measured with fixed noise at 5 fixed noise levels "
@@ -70,7 +84,7 @@ def noise_range_inputs() -> dict:
 
 
 def ema_inputs() -> dict:
-    """Optional inputs for the EMA of the LoRA weights (off at ema_decay 0): the node's last widgets."""
+    """Train Options' inputs for the EMA of the LoRA weights (off at ema_decay 0)."""
     return {
         "ema_decay": ("FLOAT", {"default": 0.0, "min": 0.0, "max": 0.99999, "step": 0.0001, "round": False,
                       "tooltip": "Also keep an exponential moving average (EMA) of the LoRA weights and save it beside "
@@ -82,4 +96,38 @@ def ema_inputs() -> dict:
                            "With ema_decay: the step from which the EMA averages; up to it the EMA copy equals the "
                            "weights, so the average leaves out the first, fast-changing steps. 0 = from the start "
                            "(the untrained LoRA included)."}),
+    }
+
+
+def launch_inputs() -> dict:
+    """Train Options' process and noise-level settings (the first of its inputs)."""
+    return {
+        "gpu_ids": ("STRING", {"default": "", "tooltip":
+                    "Which GPUs to use, e.g. '0,1' (must list Train Pipeline's num_gpus GPUs). Empty = the first "
+                    "num_gpus."}),
+        "backend": (["auto", *BACKENDS], {"default": "auto", "tooltip":
+                    "auto = DeepSpeed when it is installed, else one plain PyTorch process (1 GPU; e.g. "
+                    "Windows). plain works without DeepSpeed but only on one GPU."}),
+        "timestep_sampling": (list(TIMESTEP_SAMPLING), {"default": "uniform", "tooltip":
+                              "How noise levels are drawn: uniform, or logit-normal (favours the middle; "
+                              "common for flow models such as SD3/Flux)."}),
+        "timestep_shift": ("FLOAT", {"default": 0.0, "min": 0.0, "max": 100.0, "step": 0.1, "tooltip":
+                           "Flow models only: shift the noise levels trained on (higher = noisier). SD3, "
+                           "AuraFlow, Wan, HunyuanVideo: sigma = shift*t / (1 + (shift-1)*t) (3 is SD3's "
+                           "own, 8 Wan's). Flux-style schedules (Flux, Flux 2, Chroma, Qwen-Image): the "
+                           "exponent mu of sigma = e^mu / (e^mu + 1/t - 1), so there 3 is far noisier "
+                           "(median sigma 0.953, SD3's 3 gives 0.75); Flux's own is 1.15, Flux 2's 2.02. "
+                           "0 = the model's own shift, as ComfyUI samples."}),
+        **noise_range_inputs(),
+    }
+
+
+def resume_inputs() -> dict:
+    """Train Options' resume setting."""
+    return {
+        "accept_changes": ("BOOLEAN", {"default": False, "tooltip":
+                           "Resume only: continue even though settings changed that make the run differ "
+                           "from an uninterrupted one (learning rate, LoRA alpha or dropout, dataset ...). "
+                           "Off = such a resume is refused with the list of changes. Every start's settings "
+                           "are kept in the run folder (config_history/)."}),
     }

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from ..engine.config.checks import ConfigError
-from ..engine.config.choices import BACKENDS, SCHEDULERS, TIMESTEP_SAMPLING
+from ..engine.config.choices import SCHEDULERS
 from ..engine.config.eval import EvalSpec
 from ..engine.config.launch import LaunchSpec
 from ..engine.config.objective import ObjectiveSpec
@@ -38,14 +38,18 @@ from .runs import (
     summary_text,
 )
 from .save_lora import check_save_names
-from .train_inputs import ema_inputs, eval_inputs, noise_range_inputs, sample_inputs
+from . import legacy_prompts
+from .train_inputs import eval_inputs, sample_link_inputs
+from .monitor_inputs import monitor_spec
+from .train_options import TrainOptions
 from .train_samples import SampleDecoder, parse_prompts, sample_spec, write_prompt_file
-from .types import CACHE, LORA, MEMORY, OBJECTIVE, RUN
+from .types import CACHE, LORA, MEMORY, OBJECTIVE, RUN, TRAIN_OPTIONS
 
 CANCEL_GRACE_S = 7.0  # the engine checkpoints and exits within this; then the group is killed
 POLL_S = 0.25
 _running: set = set()  # launcher processes alive in this ComfyUI, ended if ComfyUI exits
 ui_feed.register_routes()  # GET /pipetrain/run_state: a reloaded page redraws a running node
+legacy_prompts.register()  # API prompts that still give Train Options' settings to Train Pipeline
 
 
 @atexit.register
@@ -109,48 +113,29 @@ class PipeTrainTrainPipeline:
                            "off = new run; latest = continue the newest run that has a checkpoint; or continue the "
                            "named run. Resuming trains up to 'steps' in total."}),
             },
+            # Saved UI workflows store widget values by position: add new inputs at the end only.
             "optional": {
-                "gpu_ids": ("STRING", {"default": "", "tooltip":
-                            "Which GPUs to use, e.g. '0,1' (must list num_gpus GPUs). Empty = the first num_gpus."}),
-                "timestep_sampling": (list(TIMESTEP_SAMPLING), {"default": "uniform", "tooltip":
-                                      "How noise levels are drawn: uniform, or logit-normal (favours the middle; "
-                                      "common for flow models such as SD3/Flux)."}),
-                "timestep_shift": ("FLOAT", {"default": 0.0, "min": 0.0, "max": 100.0, "step": 0.1, "tooltip":
-                                   "Flow models only: shift the noise levels trained on (higher = noisier). SD3, "
-                                   "AuraFlow, Wan, HunyuanVideo: sigma = shift*t / (1 + (shift-1)*t) (3 is SD3's "
-                                   "own, 8 Wan's). Flux-style schedules (Flux, Flux 2, Chroma, Qwen-Image): the "
-                                   "exponent mu of sigma = e^mu / (e^mu + 1/t - 1), so there 3 is far noisier "
-                                   "(median sigma 0.953, SD3's 3 gives 0.75); Flux's own is 1.15, Flux 2's 2.02. "
-                                   "0 = the model's own shift, as ComfyUI samples."}),
-                "backend": (["auto", *BACKENDS], {"default": "auto", "tooltip":
-                            "auto = DeepSpeed when it is installed, else one plain PyTorch process (1 GPU; e.g. "
-                            "Windows). plain works without DeepSpeed but only on one GPU."}),
                 "cluster": cluster_input(),
-                **sample_inputs(),
-                **eval_inputs(),  # later additions stay at the end: saved workflows store widgets by position
-                **noise_range_inputs(),
-                "accept_changes": ("BOOLEAN", {"default": False, "tooltip":
-                                   "Resume only: continue even though settings changed that make the run differ "
-                                   "from an uninterrupted one (learning rate, LoRA alpha or dropout, dataset ...). "
-                                   "Off = such a resume is refused with the list of changes. Every start's settings "
-                                   "are kept in the run folder (config_history/)."}),
+                **sample_link_inputs(),
+                "eval_cache": eval_inputs()["eval_cache"],
                 "objective": (OBJECTIVE, {"tooltip":
                               "Objective settings from PipeTrain Objective Options: guidance for guidance-distilled "
                               "models, Flux's resolution-dependent shift, the loss (mse/huber/smooth_l1), min-SNR "
                               "and debiased weighting. Unconnected = their defaults (guidance 1, mse); a resumed run "
                               "keeps the ones it was trained with."}),
-                **ema_inputs(),
+                "options": (TRAIN_OPTIONS, {"tooltip":
+                            "The less often changed settings from PipeTrain Train Options: GPU ids and backend, "
+                            "timestep sampling, shift and noise range, how samples are rendered, the eval interval, "
+                            "EMA and accept_changes. Unconnected = that node's defaults."}),
             },
             "hidden": {"unique_id": "UNIQUE_ID", "prompt": "PROMPT"},  # prompt: check_save_names
         }
 
     def train(self, model_name, cache, lora, memory, steps, epochs, learning_rate, scheduler, warmup_steps,
-              batch_size, grad_accum, seed, save_every, checkpoint_every, num_gpus, run_name, resume,
-              gpu_ids="", timestep_sampling="uniform", timestep_shift=0.0, backend="auto", clip=None, vae=None,
-              cluster=None, sample_prompts="", sample_negative="", sample_every=100, sample_width=512, sample_height=512,
-              sample_steps=20, sample_cfg=1.0, sample_seed=0, sample_sampler="euler", sample_scheduler="simple",
-              eval_cache=None, eval_every=100, eval_before_start=True, min_t=0.0, max_t=1.0, accept_changes=False,
-              objective=None, ema_decay=0.0, ema_start_step=0, unique_id=None, prompt=None):
+              batch_size, grad_accum, seed, save_every, checkpoint_every, num_gpus, run_name, resume, cluster=None,
+              clip=None, vae=None, sample_prompts="", eval_cache=None, objective=None, options=None, unique_id=None,
+              prompt=None):
+        o = options or TrainOptions()
         model_path = compat.full_path("diffusion_models", model_name) or compat.full_path("checkpoints", model_name)
         if not model_path:
             raise ConfigError(f"model_name {model_name!r} is not in ComfyUI's diffusion_models or checkpoints "
@@ -159,16 +144,17 @@ class PipeTrainTrainPipeline:
         train = TrainSpec(steps=steps, epochs=float(epochs), learning_rate=float(learning_rate), scheduler=scheduler,
                           warmup_steps=warmup_steps, batch_size=batch_size, grad_accum=grad_accum, seed=seed,
                           save_every=save_every, checkpoint_every=checkpoint_every,
-                          timestep_sampling=timestep_sampling, timestep_shift=float(timestep_shift),
-                          min_t=float(min_t), max_t=float(max_t), ema_decay=float(ema_decay),
-                          ema_start_step=int(ema_start_step))
-        launch = LaunchSpec(num_gpus=num_gpus, gpu_ids=gpu_ids.strip().replace(" ", ""),
-                            backend=launcher.resolve_backend(backend), cluster=launch_cluster(cluster))
+                          timestep_sampling=o.timestep_sampling, timestep_shift=float(o.timestep_shift),
+                          min_t=float(o.min_t), max_t=float(o.max_t), ema_decay=float(o.ema_decay),
+                          ema_start_step=int(o.ema_start_step))
+        launch = LaunchSpec(num_gpus=num_gpus, gpu_ids=o.gpu_ids.strip().replace(" ", ""),
+                            backend=launcher.resolve_backend(o.backend), cluster=launch_cluster(cluster))
         cfg = RunConfig(run_name=run_name.strip(), run_dir="", comfyui_root=compat.comfyui_root(),
                         model_path=model_path, cache_dir=cache.cache_dir, lora=lora, memory=memory, train=train,
-                        launch=launch, eval=eval_spec(eval_cache, cache, eval_every, eval_before_start),
+                        launch=launch, eval=eval_spec(eval_cache, cache, o.eval_every, o.eval_before_start),
                         objective=objective or ObjectiveSpec(), resume=resume != RESUME_OFF,
-                        accept_changes=bool(accept_changes))
+                        accept_changes=bool(o.accept_changes),
+                        monitor=monitor_spec(o.wandb_project, o.wandb_run_name, o.wandb_mode, o.wandb_entity))
         cfg.validate()  # every setting and rule, once (reads no file); each rank validates run.json again
         cfg.check_files()  # before any folder is made; the samples' prompts file is written below
         cuda = check_devices(launch)
@@ -177,9 +163,9 @@ class PipeTrainTrainPipeline:
                             train.timestep_shift, cfg.objective)
         prompts = parse_prompts(sample_prompts)
         notice = unsupported_reason(memory.pipeline_stages) if prompts else ""
-        samples = None if notice else sample_spec(prompts, clip, vae, sample_every, sample_width, sample_height,
-                                                  sample_steps, sample_cfg, sample_seed, sample_sampler,
-                                                  sample_scheduler)
+        samples = None if notice else sample_spec(prompts, clip, vae, o.sample_every, o.sample_width, o.sample_height,
+                                                  o.sample_steps, o.sample_cfg, o.sample_seed, o.sample_sampler,
+                                                  o.sample_scheduler)
         if notice:
             compat.log.warning("[PipeTrain] %s", notice)
         check_sample_size(samples, found, model_name)
@@ -193,7 +179,7 @@ class PipeTrainTrainPipeline:
             cfg = dataclasses.replace(cfg, run_name=run_dir.name, run_dir=str(run_dir))
             if samples is not None:  # encoded with the graph's CLIP now; the engine never loads a text encoder
                 samples = dataclasses.replace(samples, prompts_file=write_prompt_file(str(run_dir), prompts,
-                                                                                      sample_negative, clip))
+                                                                                      o.sample_negative, clip))
                 cfg = dataclasses.replace(cfg, sample=samples)  # validated by sample_spec
             config_path = run_dir / "run.json"
             cfg.save(config_path)

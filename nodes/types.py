@@ -8,5 +8,6 @@ CACHE = "PIPETRAIN_CACHE"  # engine.cache.format.CacheSpec
 LORA = "PIPETRAIN_LORA"
 MEMORY = "PIPETRAIN_MEMORY"
 OBJECTIVE = "PIPETRAIN_OBJECTIVE"  # engine.config.objective.ObjectiveSpec
+TRAIN_OPTIONS = "PIPETRAIN_TRAIN_OPTIONS"  # nodes.train_options.TrainOptions
 RUN = "PIPETRAIN_RUN"
 CLUSTER = "PIPETRAIN_CLUSTER"  # engine.config.run.ClusterSpec

@@ -43,9 +43,11 @@ def demo_prompt(assets: dict, steps: int, processes: int, run_name: str) -> dict
     return prompt
 
 
-# The example workflow's nodes up to TrainPipeline (an output node): loaders, dataset, cache, LoRA, memory.
+# The example workflow's nodes up to TrainPipeline (an output node): loaders, dataset, cache, LoRA, memory,
+# train options.
 TRAINING_NODES = frozenset({"UNETLoader", "VAELoader", "CLIPLoader", "PipeTrainLoadDataset", "PipeTrainCacheLatents",
-                            "PipeTrainConfigureLoRA", "PipeTrainMemoryOptions", "PipeTrainTrainPipeline"})
+                            "PipeTrainConfigureLoRA", "PipeTrainMemoryOptions", "PipeTrainTrainOptions",
+                            "PipeTrainTrainPipeline"})
 
 
 def training_prompt(assets: dict, steps: int, processes: int, run_name: str, **train) -> dict:

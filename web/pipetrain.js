@@ -1,7 +1,7 @@
 // PipeTrain's ComfyUI extension.
 // - TrainPipeline, SaveLoRA, LoadDataset and CacheLatents show the text summary they return
 //   ({"ui": {"text": [...]}}: the dataset nodes' report of skipped and altered files).
-// - TrainPipeline gets a training view: status line (caching, loading, training, sampling, saving,
+// - TrainPipeline gets a training view, its first widget: status line (caching, loading, training, sampling, saving,
 //   cancelled, failed + reason), step / total / loss / grad norm / ETA, a live loss chart (raw +
 //   smoothed; LR and gradient norm on hover) and a strip of the newest samples. It is fed by
 //   `pipetrain.run` messages keyed by node id (nodes/ui_feed.py) and, after a page reload, by
@@ -9,6 +9,8 @@
 //   run it resumes: runMatches); queueing a prompt resets its view until its run reports (or the
 //   prompt reuses its cached result); a failed run shows its error and the last lines of its log.
 // - The multiline `folders` and `sample_prompts` boxes keep their name above their text.
+// - A workflow saved before the rarely changed settings moved to Train Options is converted on load
+//   (legacy_workflows.js).
 // The state, smoothing and layout live in chart.js, the drawing in chart_draw.js (pure, unit-tested under node).
 // Only the frontend's public extension API is used: `app` and `api` from scripts/app.js and
 // scripts/api.js, the registerExtension hooks, LiteGraph's node.addDOMWidget and api events. Other
@@ -17,6 +19,7 @@ import { app } from "../../scripts/app.js";
 import { api } from "../../scripts/api.js";
 import { applyMessage, emptyRun, runMatches, stateFromSnapshot, statusLine } from "./chart.js";
 import { drawChart } from "./chart_draw.js";
+import { addOptionsNode, convertOldNode } from "./legacy_workflows.js";
 
 const NODES_WITH_SUMMARY = new Set(["PipeTrainTrainPipeline", "PipeTrainSaveLoRA", "PipeTrainLoadDataset",
   "PipeTrainCacheLatents"]);
@@ -183,6 +186,10 @@ function buildView(node) {
     getMaxHeight: viewHeight, // a taller node gives its room to the multiline boxes (sample_prompts)
   });
   widget.serialize = false;
+  // First on the node, where the eye is (below the input sockets); onSerialize keeps the saved widget
+  // values in the order of the widgets that are saved.
+  node.widgets.splice(node.widgets.indexOf(widget), 1);
+  node.widgets.unshift(widget);
   node.pipetrainView = view;
   return view;
 }
@@ -391,9 +398,24 @@ app.registerExtension({
       requestAnimationFrame(() => render(this));
       return r;
     };
+    const onSerialize = nodeType.prototype.onSerialize;
+    nodeType.prototype.onSerialize = function (o) {
+      onSerialize?.apply(this, arguments);
+      // LiteGraph saves each value at its widget's index, leaving a hole for the view above them, but
+      // loads them by their order among saved widgets: save them in that order.
+      if (o.widgets_values) o.widgets_values = (this.widgets || []).filter((w) => w.serialize !== false).map((w) => w.value);
+    };
+    const onConfigure = nodeType.prototype.onConfigure;
+    nodeType.prototype.onConfigure = function (info) {
+      const r = onConfigure?.apply(this, arguments);
+      convertOldNode(this, info); // a workflow saved before the settings moved to Train Options
+      return r;
+    };
   },
   loadedGraphNode(node) {
-    if (node.comfyClass === TRAIN_NODE || node.type === TRAIN_NODE) restore(node);
+    if (node.comfyClass !== TRAIN_NODE && node.type !== TRAIN_NODE) return;
+    addOptionsNode(node);
+    restore(node);
   },
 });
 

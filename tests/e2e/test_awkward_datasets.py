@@ -410,7 +410,7 @@ def test_server_trains_on_a_mixed_dataset_and_names_the_file_when_all_are_broken
     first = sorted(p for p in mixed.iterdir() if p.suffix == ".png" and p.stat().st_size)[0]
     first.with_suffix(".txt").write_text("word " * 100_000)  # cut to MAX_CAPTION_CHARS, not a stall
     prompt = demo_prompt(demo_base, steps=1, processes=1, run_name="awkward")
-    prompt = {k: v for k, v in prompt.items() if k in {"1", "2", "3", "4", "5", "6", "7", "8"}}  # up to TrainPipeline
+    prompt = {k: v for k, v in prompt.items() if k in {"1", "2", "3", "4", "5", "6", "7", "8", "23"}}  # up to TrainPipeline
     by_type = {n["class_type"]: n["inputs"] for n in prompt.values()}
     by_type["PipeTrainLoadDataset"]["folders"] = f'  "{mixed}"  '
     entry = comfy_server.run(prompt, timeout=300)

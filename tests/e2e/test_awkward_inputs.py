@@ -267,7 +267,7 @@ def test_server_names_the_subfolder_lines_and_a_pipe_caption_does_not_hang(comfy
     from tools.demo import demo_prompt
 
     prompt = demo_prompt(demo_base, steps=1, processes=1, run_name="awkward_inputs")
-    prompt = {k: v for k, v in prompt.items() if k in {"1", "2", "3", "4", "5", "6", "7", "8"}}  # up to TrainPipeline
+    prompt = {k: v for k, v in prompt.items() if k in {"1", "2", "3", "4", "5", "6", "7", "8", "23"}}  # up to TrainPipeline
     by_type = {n["class_type"]: n["inputs"] for n in prompt.values()}
     (tmp_path / "train" / "5_shapes").mkdir(parents=True)
     solid_png(tmp_path / "train" / "5_shapes" / "a.png")

@@ -33,7 +33,7 @@ def _prompt(demo_base, run_name, steps=20, processes=2, **train):
 
 def _training_only(prompt: dict) -> dict:
     """Keep the graph up to TrainPipeline (an output node), dropping SaveLoRA and the samplers."""
-    keep = {"1", "2", "3", "4", "5", "6", "7", "8"}
+    keep = {"1", "2", "3", "4", "5", "6", "7", "8", "23"}
     return {k: v for k, v in prompt.items() if k in keep}
 
 

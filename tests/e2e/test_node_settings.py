@@ -235,7 +235,7 @@ def test_a_start_image_the_model_cannot_read_is_refused(files, tmp_path):
 @pytest.mark.slow
 def test_objective_options_reach_run_json_through_the_graph(comfy_server, demo_base):
     prompt = demo_prompt(demo_base, steps=1, processes=1, run_name="objective_node")
-    prompt = {k: v for k, v in prompt.items() if k in {"1", "2", "3", "4", "5", "6", "7", "8"}}
+    prompt = {k: v for k, v in prompt.items() if k in {"1", "2", "3", "4", "5", "6", "7", "8", "23"}}
     prompt["30"] = {"class_type": "PipeTrainObjectiveOptions", "inputs": {
         "guidance": 1.0, "resolution_shift": False, "base_shift": 0.5, "max_shift": 1.15, "sigmoid_scale": 1.0,
         "loss": "smooth_l1", "huber_delta": 0.25, "min_snr_gamma": 5.0, "debiased_estimation": True}}
@@ -253,7 +253,7 @@ def test_the_node_refuses_a_vae_picked_as_the_model_before_any_run_folder(comfy_
     picked = base / "models" / "diffusion_models" / "pipetrain-vae-picked-as-model.safetensors"
     shutil.copy(base / "models" / "vae" / demo_base["vae"], picked)
     prompt = demo_prompt(demo_base, steps=1, processes=1, run_name="vae_as_model")
-    prompt = {k: v for k, v in prompt.items() if k in {"1", "2", "3", "4", "5", "6", "7", "8"}}
+    prompt = {k: v for k, v in prompt.items() if k in {"1", "2", "3", "4", "5", "6", "7", "8", "23"}}
     prompt["8"]["inputs"].update(model_name=picked.name, sample_prompts="")
     try:
         with pytest.raises(ComfyError, match="does not recognise this file as a diffusion model"):
@@ -307,18 +307,52 @@ def test_a_batch_larger_than_a_pass_over_the_cache_is_refused(tmp_path):
     preflight.check_batch(3, cache)
 
 
-def test_the_ema_settings_are_train_pipelines_last_widgets_and_save_lora_picks_the_weights(comfy_root):
-    """New widgets go at the end: a workflow saved before them (widget values by position) keeps loading."""
+# Train Pipeline's widget defaults before the rarely changed settings moved to Train Options.
+DEFAULTS_BEFORE_THE_MOVE = dict(
+    gpu_ids="", backend="auto", timestep_sampling="uniform", timestep_shift=0.0, min_t=0.0, max_t=1.0,
+    sample_negative="", sample_every=100, sample_width=512, sample_height=512, sample_steps=20, sample_cfg=1.0,
+    sample_seed=0, sample_sampler="euler", sample_scheduler="simple", eval_every=100, eval_before_start=True,
+    ema_decay=0.0, ema_start_step=0, accept_changes=False)
+
+
+@pytest.mark.core
+def test_train_options_default_as_train_pipeline_did_and_old_api_prompts_keep_their_settings(comfy_root):
+    """Unconnected Train Options = its widget defaults = Train Pipeline's before the move; an API prompt that
+    still gives those settings to Train Pipeline gets a Train Options node with them (nodes/legacy_prompts.py)."""
     from PipeTrain.engine.launch.comfy_bootstrap import import_comfy
 
     import_comfy(comfy_root)
+    from PipeTrain.nodes.legacy_prompts import convert_prompt
     from PipeTrain.nodes.save_lora import PipeTrainSaveLoRA
+    from PipeTrain.nodes.train_options import PipeTrainTrainOptions, TrainOptions
     from PipeTrain.nodes.train_pipeline import PipeTrainTrainPipeline
 
-    optional = PipeTrainTrainPipeline.INPUT_TYPES()["optional"]
-    assert list(optional)[-2:] == ["ema_decay", "ema_start_step"]
-    assert optional["ema_decay"][1]["default"] == 0.0 and optional["ema_start_step"][1]["default"] == 0
-    assert all(len(optional[n][1]["tooltip"]) > 40 for n in ("ema_decay", "ema_start_step"))
+    inputs = PipeTrainTrainOptions.INPUT_TYPES()["optional"]
+    assert list(inputs) == list(DEFAULTS_BEFORE_THE_MOVE) and all(len(i[1]["tooltip"]) > 20 for i in inputs.values())
+    widget_defaults = {name: spec[1]["default"] for name, spec in inputs.items()}
+    assert widget_defaults == DEFAULTS_BEFORE_THE_MOVE
+    assert PipeTrainTrainOptions().configure(**widget_defaults)[0] == TrainOptions(**DEFAULTS_BEFORE_THE_MOVE) == \
+        TrainOptions() == PipeTrainTrainOptions().configure()[0]
+    train = PipeTrainTrainPipeline.INPUT_TYPES()
+    assert not set(inputs) & (set(train["required"]) | set(train["optional"]))
+    assert train["optional"]["options"][0] == "PIPETRAIN_TRAIN_OPTIONS"
+
+    old = {"5": {"class_type": "PipeTrainCacheLatents", "inputs": {}},
+           "8": {"class_type": "PipeTrainTrainPipeline", "inputs": {"steps": 5, "cache": ["5", 0], "sample_every": 4,
+                                                                     "min_t": 0.1, "gpu_ids": "1"}}}
+    convert_prompt(old)
+    assert old["8"]["inputs"] == {"steps": 5, "cache": ["5", 0], "options": ["8_pipetrain_options", 0]}
+    added = old["8_pipetrain_options"]
+    assert added["class_type"] == "PipeTrainTrainOptions"
+    assert PipeTrainTrainOptions().configure(**added["inputs"])[0] == TrainOptions(sample_every=4, min_t=0.1,
+                                                                                    gpu_ids="1")
+    connected = {"8": {"class_type": "PipeTrainTrainPipeline", "inputs": {"sample_every": 4, "options": ["9", 0]}},
+                 "9": {"class_type": "PipeTrainTrainOptions", "inputs": {"sample_every": 20, "sample_seed": 42}}}
+    convert_prompt(connected)  # what Train Pipeline is given by name wins over the connected node's value
+    copy = connected[connected["8"]["inputs"]["options"][0]]["inputs"]
+    assert (copy["sample_every"], copy["sample_seed"], connected["9"]["inputs"]["sample_every"]) == (4, 42, 20)
+
+    assert all(len(inputs[n][1]["tooltip"]) > 40 for n in ("ema_decay", "ema_start_step"))
     save = PipeTrainSaveLoRA.INPUT_TYPES()["optional"]
     assert list(save)[-1] == "weights" and save["weights"][0] == ["plain", "ema"]
     with pytest.raises(ConfigError, match="ema_decay is 1.0"):

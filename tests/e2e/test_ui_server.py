@@ -31,7 +31,7 @@ def trained(comfy_server, demo_base):
     """The example workflow up to TrainPipeline plus the two reader nodes: 12 steps, samples every 6,
     the training set also connected as eval set (eval every 6 and before the start), a noise range."""
     prompt = demo_prompt(demo_base, steps=12, processes=1, run_name="ui_run")
-    keep = {"1", "2", "3", "4", "5", "6", "7", "8", "19", "20", "21", "22"}
+    keep = {"1", "2", "3", "4", "5", "6", "7", "8", "19", "20", "21", "22", "23"}
     prompt = {k: v for k, v in prompt.items() if k in keep}
     cache_node = next(k for k, n in prompt.items() if n["class_type"] == "PipeTrainCacheLatents")
     _by_type(prompt, "PipeTrainTrainPipeline").update(sample_every=6, eval_cache=[cache_node, 0], eval_every=6,

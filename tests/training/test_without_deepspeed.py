@@ -64,7 +64,7 @@ def test_the_pack_trains_in_an_environment_without_deepspeed(tmp_path_factory, c
         assert images["with_lora"] != images["without_lora"]
 
         # Cancel there too: stops, leaves the plain checkpoint, and a resumed run continues after it.
-        train_only = {k: v for k, v in prompt.items() if k in {"1", "2", "3", "4", "5", "6", "7", "8"}}
+        train_only = {k: v for k, v in prompt.items() if k in {"1", "2", "3", "4", "5", "6", "7", "8", "23"}}
         train_only["8"]["inputs"].update(steps=100_000, run_name="nods_cancel")
         prompt_id = server.queue(train_only)
         events = run_dir.parent / "nods_cancel" / "events.jsonl"

@@ -1,7 +1,7 @@
 // Browser test of the training view, driven by tests/ui/test_ui_browser.py against a real ComfyUI:
 // open the example workflow from ComfyUI's template browser, press Run, see the loss chart fill and a sample appear (strip and node
 // preview), reload the page mid-run and see the chart come back, press Cancel and see the run stop.
-// Then each example workflow's layout: no overlapping nodes once loaded and once its nodes show results
+// Then a workflow saved before Train Options existed, converted on load; each example workflow's layout: no overlapping nodes once loaded and once its nodes show results
 // (tests/ui/template_layout.mjs), and a fresh template's node shows no other run; last, a failed run's
 // view (error and log lines), reset by a newly queued prompt and shown again when that prompt ends.
 // Screenshots go to <artifacts dir>; the last stdout line is a JSON summary for the Python side.
@@ -56,7 +56,7 @@ async function until(what, test, timeoutMs) {
 }
 
 async function focusTrainNode() {
-  // The training view (status, chart, samples) is at the bottom of the node: bring it into view.
+  // The whole node, the training view (status, chart, samples) at its top, in view.
   await page.locator("[data-testid=close-minmap-button]").click({ timeout: 2000 }).catch(() => {});
   await page.evaluate(({ id, height }) => {
     const node = window.app.graph.getNodeById(id);
@@ -112,7 +112,9 @@ try {
     const set = (name, value) => { node.widgets.find((w) => w.name === name).value = value; };
     set("steps", 100000); // runs until Cancel
     set("num_gpus", 1);
-    set("sample_every", 4);
+    // The template's Train Options node holds its sample settings.
+    window.app.graph._nodes.find((n) => n.type === "PipeTrainTrainOptions").widgets
+      .find((w) => w.name === "sample_every").value = 4;
     set("run_name", runName);
     // A LoRA name of its own: an earlier test of this server may have saved the template's name.
     window.app.graph.getNodeById(9).widgets.find((w) => w.name === "name").value = runName;
@@ -187,6 +189,32 @@ try {
              serialized: (node.serialize().widgets_values?.length ?? 0) - before, expected: text };
   }, SAVE_ID);
   await shot("06_summary.png");
+
+  // A workflow saved before the rarely changed settings moved to Train Options (widget values by position):
+  // converted on load, a Train Options node added with the moved values; saved and loaded again unchanged.
+  const fixture = JSON.parse(fs.readFileSync("tests/ui/fixtures/train_lora_then_test_before_train_options.json", "utf8"));
+  summary.legacy = await page.evaluate(async ({ workflow, id }) => {
+    const read = async (wf) => {
+      await window.app.loadGraphData(structuredClone(wf));
+      await new Promise((r) => setTimeout(r, 500));
+      const g = window.app.graph;
+      const train = g.getNodeById(id);
+      const options = g._nodes.find((n) => n.type === "PipeTrainTrainOptions");
+      const values = (n) => n && Object.fromEntries(n.widgets.filter((w) => w.serialize !== false).map((w) => [w.name, w.value]));
+      const linkId = train.inputs[train.findInputSlot("options")].link;
+      const link = g.links.get ? g.links.get(linkId) : g.links[linkId];
+      const { output } = await window.app.graphToPrompt();
+      return { train: values(train), options: values(options), linked: !!options && link?.origin_id === options.id,
+               strayInputs: train.inputs.filter((i) => i.widget && !train.widgets.some((w) => w.name === i.widget.name)).map((i) => i.name),
+               queued: output[String(id)]?.inputs, saved: train.serialize().widgets_values, viewFirst: train.widgets[0].name,
+               graph: g.serialize() };
+    };
+    const first = await read(workflow);
+    const again = await read(first.graph);
+    delete first.graph;
+    delete again.graph;
+    return { ...first, again };
+  }, { workflow: fixture, id: TRAIN_ID });
 
   // Each example workflow, opened fresh: its layout before and after results, its node's training view.
   const image = await page.evaluate((id) => window.PipeTrainView.runs.get(String(id))?.samples.at(-1)?.images[0], TRAIN_ID);

@@ -2,7 +2,7 @@
 server with the pack. Loads the example workflow, presses Run, sees the loss chart fill and a sample
 appear (strip and node preview), reloads the page mid-run and sees the chart come back, presses
 Cancel and sees training stop, then sees SaveLoRA's returned text in its summary box. The workflow is
-opened from ComfyUI's template browser. Then each example workflow is opened fresh: no two nodes overlap,
+opened from ComfyUI's template browser. A workflow saved before Train Options existed is converted on load. Then each example workflow is opened fresh: no two nodes overlap,
 before and after its nodes show results, its saved node sizes fit their widgets, no summary box cuts
 its text, its multiline boxes are labelled, and its training view shows no other run. Screenshots: tests/artifacts/<time>/ (kept by CI as artifacts).
 The same test runs on each supported ComfyUI (COMFYUI_PATH), so on each one's frontend."""
@@ -55,6 +55,18 @@ def test_run_chart_samples_reload_and_cancel_in_the_browser(comfy_server, demo_b
     assert not engine_processes(str(run_dir)), "a training process outlived Cancel"
     assert (run_dir / "checkpoints" / "latest").is_file()
     assert summary["loadedStatus"] == "idle", summary["loadedStatus"]  # not an earlier run of node 8
+    legacy = summary["legacy"]  # the old template's values, by name, on Train Pipeline and a new Train Options node
+    assert legacy["viewFirst"] == "pipetrain_view" and legacy["strayInputs"] == [] and legacy["linked"], legacy
+    assert {k: legacy["train"][k] for k in ("steps", "learning_rate", "batch_size", "num_gpus", "run_name", "resume")} \
+        == {"steps": 60, "learning_rate": 0.001, "batch_size": 2, "num_gpus": 2, "run_name": "demo", "resume": "off"}
+    assert legacy["train"]["sample_prompts"].startswith("a red circle") and len(legacy["saved"]) == len(legacy["train"])
+    assert {k: legacy["options"][k] for k in ("sample_every", "sample_width", "sample_steps", "sample_seed",
+                                              "sample_scheduler", "min_t", "max_t", "gpu_ids")} == {
+        "sample_every": 20, "sample_width": 64, "sample_steps": 10, "sample_seed": 42, "sample_scheduler": "normal",
+        "min_t": 0, "max_t": 1, "gpu_ids": ""}
+    assert "sample_every" not in legacy["queued"] and legacy["queued"]["steps"] == 60, legacy["queued"]
+    again = legacy["again"]  # saved with the view first on the node and loaded again: the same values
+    assert (again["train"], again["options"], again["linked"]) == (legacy["train"], legacy["options"], True), again
     layouts = summary["layouts"]
     assert sorted(layouts) == sorted(p.stem for p in (REPO / "example_workflows").glob("*.json"))
     for name, lay in layouts.items():
