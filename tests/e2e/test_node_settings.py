@@ -313,6 +313,7 @@ DEFAULTS_BEFORE_THE_MOVE = dict(
     sample_negative="", sample_every=100, sample_width=512, sample_height=512, sample_steps=20, sample_cfg=1.0,
     sample_seed=0, sample_sampler="euler", sample_scheduler="simple", eval_every=100, eval_before_start=True,
     ema_decay=0.0, ema_start_step=0, accept_changes=False)
+ADDED_SINCE = dict(wandb_project="", wandb_run_name="", wandb_mode="online", wandb_entity="")
 
 
 @pytest.mark.core
@@ -328,9 +329,11 @@ def test_train_options_default_as_train_pipeline_did_and_old_api_prompts_keep_th
     from PipeTrain.nodes.train_pipeline import PipeTrainTrainPipeline
 
     inputs = PipeTrainTrainOptions.INPUT_TYPES()["optional"]
-    assert list(inputs) == list(DEFAULTS_BEFORE_THE_MOVE) and all(len(i[1]["tooltip"]) > 20 for i in inputs.values())
+    assert all(len(i[1]["tooltip"]) > 20 for i in inputs.values())
+    # the moved settings first, in their old order; then the ones added since (W&B: off by default)
+    assert list(inputs)[:len(DEFAULTS_BEFORE_THE_MOVE)] == list(DEFAULTS_BEFORE_THE_MOVE)
     widget_defaults = {name: spec[1]["default"] for name, spec in inputs.items()}
-    assert widget_defaults == DEFAULTS_BEFORE_THE_MOVE
+    assert widget_defaults == {**DEFAULTS_BEFORE_THE_MOVE, **ADDED_SINCE}
     assert PipeTrainTrainOptions().configure(**widget_defaults)[0] == TrainOptions(**DEFAULTS_BEFORE_THE_MOVE) == \
         TrainOptions() == PipeTrainTrainOptions().configure()[0]
     train = PipeTrainTrainPipeline.INPUT_TYPES()
