@@ -38,6 +38,7 @@ from .runs import (
     summary_text,
 )
 from .save_lora import check_save_names
+from .step_pace import StepPace
 from . import legacy_prompts
 from .train_inputs import eval_inputs, sample_link_inputs
 from .monitor_inputs import monitor_spec
@@ -224,7 +225,7 @@ def relay(cfg: RunConfig, config_path: str, cuda: bool, model_name: str, node_id
     _running.add(proc)
     bar = compat.progress_bar(max(1, cfg.train.steps))
     last = {"step": 0, "total": cfg.train.steps, "loss": float("nan")}
-    finished, errors, started = None, [], time.time()
+    finished, errors, pace = None, [], StepPace()
     try:
         while True:
             alive = proc.poll() is None
@@ -236,7 +237,8 @@ def relay(cfg: RunConfig, config_path: str, cuda: bool, model_name: str, node_id
                     # ComfyUI's progress hook raises its interrupt exception here once Cancel is pressed.
                     bar.update_absolute(last["step"], last["total"])
                 if kind == "step":
-                    _log_progress(cfg.run_name, last, started)
+                    pace.add(ev["step"], ev.get("time", time.time()))
+                    _log_progress(cfg.run_name, last, pace)
                 elif kind == "sample" and decoder is not None:
                     _show_samples(decoder, feed, bar, ev, last)
                 elif kind == "eval":
@@ -319,9 +321,9 @@ def _newest_lora(run_dir: str) -> str:
     return str(files[-1]) if files else ""
 
 
-def _log_progress(name: str, last: dict, started: float) -> None:
+def _log_progress(name: str, last: dict, pace: StepPace) -> None:
     step, total = last["step"], max(1, last["total"])
     if step == 1 or step % max(1, total // 20) == 0 or step == total:
-        elapsed = time.time() - started
-        eta = elapsed / max(1, step) * (total - step)
-        compat.log.info("[PipeTrain] %s step %d/%d loss %.4f, ETA %.0f s", name, step, total, last["loss"], eta)
+        eta = pace.eta_seconds(total)  # the node's status line shows the same (web/chart.js etaSeconds)
+        compat.log.info("[PipeTrain] %s step %d/%d loss %.4f, ETA %s", name, step, total, last["loss"],
+                        "?" if eta is None else f"{eta:.0f} s")
