@@ -225,7 +225,7 @@ def relay(cfg: RunConfig, config_path: str, cuda: bool, model_name: str, node_id
     _running.add(proc)
     bar = compat.progress_bar(max(1, cfg.train.steps))
     last = {"step": 0, "total": cfg.train.steps, "loss": float("nan")}
-    finished, errors, pace = None, [], StepPace()
+    finished, errors, pace, checkpoint = None, [], StepPace(), None
     try:
         while True:
             alive = proc.poll() is None
@@ -250,16 +250,20 @@ def relay(cfg: RunConfig, config_path: str, cuda: bool, model_name: str, node_id
                     finished = ev
                 elif kind == "error":
                     errors.append(ev)
+                elif kind == "checkpoint":
+                    checkpoint = ev
             if not alive:
                 break
             compat.raise_if_interrupted()
             time.sleep(POLL_S)
     except compat.InterruptProcessingException:
-        feed.status("stopping")
+        feed.status("stopping", "writing a checkpoint" if last["step"] else "no step has run yet: nothing to checkpoint")
         _cancel(proc, cfg.run_dir)
         for ev in tail.read_new():  # the engine's last step, checkpoint and 'cancelled' events
             feed.event(ev)
-        feed.status("cancelled")
+            if ev.get("event") == "checkpoint":
+                checkpoint = ev
+        feed.status("cancelled", _cancelled_reason(cfg.run_name, checkpoint))
         raise
     finally:
         if proc.poll() is None:
@@ -319,6 +323,14 @@ def _newest_lora(run_dir: str) -> str:
     files = sorted((p for p in (Path(run_dir) / "lora").glob("*.safetensors") if not is_ema_file(p)),
                    key=lambda p: p.stat().st_mtime)
     return str(files[-1]) if files else ""
+
+
+def _cancelled_reason(run_name: str, checkpoint: dict | None) -> str:
+    """What a cancelled run left and how to go on (the node's status line after Cancel)."""
+    if checkpoint is None:
+        return "no checkpoint was written (no step had run): queue it again to start over"
+    kept = f"{run_name}/checkpoints/{os.path.basename(str(checkpoint.get('path', '')))}"
+    return f"set resume to {run_name} (or latest) to continue from step {checkpoint.get('step')} ({kept})"
 
 
 def _log_progress(name: str, last: dict, pace: StepPace) -> None:

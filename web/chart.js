@@ -158,7 +158,7 @@ export function formatDuration(seconds) {
 
 const STATUS_WORDS = {
   idle: "not started", loading: "loading the model", training: "training", sampling: "rendering samples",
-  saving: "saving", stopping: "stopping (checkpoint)", done: "done", cancelled: "cancelled", failed: "failed",
+  saving: "saving", stopping: "stopping", done: "done", cancelled: "cancelled", failed: "failed",
   caching: "caching latents", queued: "queued",
 };
 
@@ -179,7 +179,8 @@ export function statusLine(state) {
     if (eta !== null) parts.push(`ETA ${formatDuration(eta)}`);
   }
   let line = parts.join(" · ");
-  if (state.status === "failed" && state.reason) line += ` — ${state.reason}`;
+  // failed: the cause; cancelled: where the checkpoint is and how to continue; stopping: what it waits for
+  if (["failed", "cancelled", "stopping"].includes(state.status) && state.reason) line += ` — ${state.reason}`;
   return line;
 }
 

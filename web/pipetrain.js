@@ -134,7 +134,8 @@ function imageUrl(ref) {
 }
 
 // The training view's height: status, chart, strip, scroll hint, the gaps between them and the margin.
-const viewHeight = () => 14 + CHART_HEIGHT + STRIP_HEIGHT + 14 + 3 * 4 + 20;
+const STATUS_LINE = 14; // px per line of the status text
+const viewHeight = () => 2 * STATUS_LINE + CHART_HEIGHT + STRIP_HEIGHT + 14 + 3 * 4 + 20;
 
 function buildView(node) {
   const root = document.createElement("div");
@@ -143,7 +144,9 @@ function buildView(node) {
     + "overflow:hidden;";
   const status = document.createElement("div");
   status.className = "pipetrain-status";
-  status.style.cssText = "white-space:nowrap;overflow:hidden;text-overflow:ellipsis;flex-shrink:0;min-height:14px;";
+  // Two lines: the second holds a failed or cancelled run's reason (where its checkpoint is, how to go on).
+  status.style.cssText = "display:-webkit-box;-webkit-box-orient:vertical;-webkit-line-clamp:2;overflow:hidden;"
+    + `overflow-wrap:anywhere;line-height:${STATUS_LINE}px;flex-shrink:0;height:${2 * STATUS_LINE}px;`;
   const canvas = document.createElement("canvas");
   canvas.className = "pipetrain-chart";
   canvas.style.cssText = `width:100%;height:${CHART_HEIGHT}px;background:rgba(0,0,0,0.25);border-radius:4px;flex-shrink:0;`;

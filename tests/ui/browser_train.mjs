@@ -144,7 +144,8 @@ try {
 
   summary.cancelVia = await pressCancel();
   const pressed = Date.now();
-  summary.cancelled = await until("the cancelled status", (v) => v.status === "cancelled", 60000);
+  // ... with where its checkpoint is and how to continue it (the status line's reason)
+  summary.cancelled = await until("the cancelled status", (v) => v.status === "cancelled" && v.line.includes("resume"), 60000);
   summary.cancelSeconds = (Date.now() - pressed) / 1000;
   await page.waitForTimeout(500);
   await focusTrainNode();

@@ -44,6 +44,7 @@ def test_run_chart_samples_reload_and_cancel_in_the_browser(comfy_server, demo_b
     assert summary["samples"]["samplesLoaded"] >= 1 and summary["samples"]["preview"] >= 1
     assert summary["reloaded"]["points"] >= summary["samples"]["points"], "the chart did not survive the reload"
     assert summary["cancelSeconds"] < 20, summary
+    assert f"set resume to {run_name} (or latest)" in summary["cancelled"]["line"], summary["cancelled"]
     assert not summary["internalImportNotices"], summary["internalImportNotices"]  # see also test_ui_chart.py
     text = summary["summaryText"]  # SaveLoRA's returned text, shown in a read-only box, never saved
     assert text["value"] == text["boxText"] == text["expected"] and text["box"] == "TEXTAREA", text
