@@ -18,6 +18,7 @@ from PipeTrain.engine.data.messages import DatasetError  # noqa: E402
 from PipeTrain.engine.data.scan import DatasetItem, DatasetSpec, FolderSpec  # noqa: E402
 from PipeTrain.engine.train.caption_picks import dropped, encoding_index, pick_items  # noqa: E402
 from PipeTrain.engine.train.sample_order import SampleStream  # noqa: E402
+from headless_config import cache_config_error
 
 pytestmark = pytest.mark.core  # also on ComfyUI 0.33
 SPEC = DatasetSpec(folders=(FolderSpec("/data/set"),), resolution=512)
@@ -195,18 +196,7 @@ def test_node_inputs_come_last_with_tooltips_and_bad_values_stop_the_node(tmp_pa
 
 
 def test_headless_cache_config_takes_the_caption_keys_and_refuses_bad_values(tmp_path):
-    from PipeTrain.engine.config.cache import CacheConfig
-    from PipeTrain.engine.config.checks import ConfigError
-
-    (tmp_path / "comfy").mkdir()
-    (tmp_path / "comfy" / "sd.py").write_text("")
-    (tmp_path / "set").mkdir()
-    base = {"comfyui_root": str(tmp_path), "dataset": {"folders": ["set"], "resolution": 64}}
-
-    def error(**dataset) -> str:
-        with pytest.raises(ConfigError) as e:
-            CacheConfig.from_dict({**base, "dataset": {**base["dataset"], **dataset}}, str(tmp_path))
-        return str(e.value)
+    error = cache_config_error(tmp_path)
 
     assert "dataset: tag_shuffles is 1" in error(tag_shuffles=1)
     assert "dataset: caption_dropout is 2" in error(caption_dropout=2)

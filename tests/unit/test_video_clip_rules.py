@@ -16,6 +16,7 @@ from PipeTrain.engine.data.frame_buckets import check_clip_settings, parse_frame
 from PipeTrain.engine.data.frame_picks import clip_starts, longest_bucket, pick_frames  # noqa: E402
 from PipeTrain.engine.data.messages import DatasetError  # noqa: E402
 from PipeTrain.engine.data.scan import DatasetItem, DatasetSpec, FolderSpec, cache_entries  # noqa: E402
+from headless_config import cache_config_error
 
 pytestmark = pytest.mark.core
 
@@ -157,18 +158,7 @@ def test_each_clip_is_a_cache_entry_and_part_of_the_cache_key():
 
 
 def test_headless_cache_config_takes_the_clip_keys_and_refuses_bad_values(tmp_path):
-    from PipeTrain.engine.config.cache import CacheConfig
-    from PipeTrain.engine.config.checks import ConfigError
-
-    (tmp_path / "comfy").mkdir()
-    (tmp_path / "comfy" / "sd.py").write_text("")
-    (tmp_path / "set").mkdir()
-    base = {"comfyui_root": str(tmp_path), "dataset": {"folders": ["set"], "resolution": 64}}
-
-    def error(**dataset) -> str:
-        with pytest.raises(ConfigError) as e:
-            CacheConfig.from_dict({**base, "dataset": {**base["dataset"], **dataset}}, str(tmp_path))
-        return str(e.value)
+    error = cache_config_error(tmp_path)
 
     assert "dataset: frame_buckets lists 0" in error(frame_buckets=[0, 17])
     assert "dataset: frame_buckets is 17: give a list of whole numbers" in error(frame_buckets=17)
