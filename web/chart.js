@@ -62,6 +62,10 @@ export function applyEvent(state, ev) {
     case "checkpoint":
       if (!FINISHED.has(state.status) && state.status !== "stopping") state.status = "training";
       break;
+    case "setup":  // a setup phase of the rank ended (engine/train/setup_phases.py)
+      state.phase = ev.phase || "";
+      state.since = Number.isFinite(ev.since) ? ev.since : state.since || ev.time; // when the rank started
+      break;
     case "warning":
       if (ev.message && !state.warnings.includes(ev.message)) {
         state.warnings = state.warnings.concat([ev.message]).slice(-KEEP_WARNINGS);
@@ -167,6 +171,21 @@ export function formatNorm(v) {
   return v >= 1e-3 && v < 1e4 ? String(Number(v.toPrecision(3))) : v.toExponential(2);
 }
 
+// What the rank does after each setup phase ends (engine/train/loop.py's phases.done names).
+const NEXT_PHASE = {
+  distributed_init: "checking the nodes", node_checks: "reading the model file", model_load: "checking the block forwards",
+  block_probe: "adding the LoRA", lora: "applying the memory options", memory_options: "starting the engine",
+  engine: "loading the checkpoint", resume: "the first step (compiles first with compile_blocks)",
+};
+
+/** While loading: what the rank does now and the time since it started ("reading the model file · 0:12"). */
+export function loadingDetail(state, now = Date.now() / 1000) {
+  const parts = [];
+  if (state.phase && NEXT_PHASE[state.phase]) parts.push(NEXT_PHASE[state.phase]);
+  if (state.since && now >= state.since) parts.push(formatDuration(now - state.since));
+  return parts.join(" · ");
+}
+
 /** One status line, e.g. "training · step 12/60 · loss 0.1234 · grad norm 0.456 · ETA 0:34". */
 export function statusLine(state) {
   const word = STATUS_WORDS[state.status] || state.status;
@@ -177,6 +196,10 @@ export function statusLine(state) {
   if (["training", "sampling", "saving"].includes(state.status)) {
     const eta = etaSeconds(state.steps, state.total);
     if (eta !== null) parts.push(`ETA ${formatDuration(eta)}`);
+  }
+  if (state.status === "loading" && !last) {
+    const detail = loadingDetail(state);
+    if (detail) parts.push(detail);
   }
   let line = parts.join(" · ");
   // failed: the cause; cancelled: where the checkpoint is and how to continue; stopping: what it waits for

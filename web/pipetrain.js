@@ -359,6 +359,13 @@ function onExecutionError(event) {
 }
 
 // Listen from the moment this module loads: a reloaded page may get messages before setup().
+setInterval(() => { // the elapsed time while a rank loads, when no message comes for many seconds
+  for (const [id, state] of runs) {
+    if (state?.status !== "loading") continue;
+    const node = app.graph?.getNodeById(isNaN(Number(id)) ? id : Number(id));
+    if (node?.pipetrainView) render(node);
+  }
+}, 1000);
 api.addEventListener("pipetrain.run", onRunMessage);
 api.addEventListener("executing", onExecuting);
 api.addEventListener("promptQueued", onPromptQueued);

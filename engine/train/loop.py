@@ -44,6 +44,9 @@ def main(config_path: str, process_start: float | None = None) -> int:
         device = torch.device("cpu")
     phases.done("distributed_init")
     events = EventLog(cfg.run_dir, enabled=dist.rank() == 0)
+    # what the rank does while it loads, and since when (the node's status line)
+    phases.announce = lambda name: events.emit("setup", phase=name, since=round(phases.start, 3))
+    phases.announce("distributed_init")  # the phase that ended just before the event log existed
     peers: list = []  # every rank's facts (pid, host): a rank that dies is named by the others
     try:
         peers = node_checks.check_agreement(cfg)  # every node: same versions, run.json, files and checkpoint

@@ -57,6 +57,8 @@ def test_loss_falls_and_lora_is_written(config):
                             "block_probe", "lora", "memory_options", "engine", "resume"]
     assert all(v >= 0 for v in phases.values())
     assert sum(phases.values()) <= run.of("started")[0]["time"] - run.launched + 0.05
+    # ... each also announced as it ended, once the event log existed (the node's "loading" detail)
+    assert [e["phase"] for e in run.of("setup")] == list(phases)[list(phases).index("distributed_init"):]
     assert any(k.endswith(".lora_B.weight") and v.abs().sum() > 0 for k, v in lora.items()), "LoRA B never trained"
 
 

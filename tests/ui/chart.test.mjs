@@ -4,7 +4,7 @@ import assert from "node:assert/strict";
 import { test } from "node:test";
 import {
   applyEvent, applyMessage, autoWeight, downsample, emptyRun, etaSeconds, formatDuration, formatNorm, layout,
-  nearestStep, niceRange, niceTicks, runMatches, smooth, stateFromSnapshot, statusLine, xEnd,
+  loadingDetail, nearestStep, niceRange, niceTicks, runMatches, smooth, stateFromSnapshot, statusLine, xEnd,
 } from "../../web/chart.js";
 import { drawChart } from "../../web/chart_draw.js";
 
@@ -240,4 +240,20 @@ test("a failed run keeps its error and the log's last lines, live and after a re
   assert.match(statusLine(live), /^failed — out of memory$/);
   const snap = stateFromSnapshot({ run: "r", total: 10, status: "failed", reason: "out of memory", log, events: [] });
   assert.deepEqual(snap, live);
+});
+
+test("while loading, the status line says what the rank does and for how long", () => {
+  const st = applyMessage(undefined, { type: "reset", run: "r", total: 60 });
+  assert.equal(statusLine(st), "loading the model"); // before the rank's first setup event
+  applyEvent(st, { event: "setup", phase: "node_checks", since: 1000, time: 1005 });
+  assert.equal(loadingDetail(st, 1012), "reading the model file · 0:12");
+  applyEvent(st, { event: "setup", phase: "block_probe", time: 1030 });
+  assert.equal(loadingDetail(st, 1031), "adding the LoRA · 0:31");
+  applyEvent(st, { event: "started", step: 0, total: 60 });
+  applyEvent(st, { event: "step", step: 1, total: 60, loss: 0.5, lr: 1e-4, time: 1040 });
+  assert.doesNotMatch(statusLine(st), /LoRA ·|0:3/); // training: no loading detail
+  // a reloaded page: the same, from the setup event it has
+  const snap = stateFromSnapshot({ run: "r", total: 60, events: [{ event: "setup", phase: "model_load", since: 2000,
+    time: 2004 }] });
+  assert.equal(loadingDetail(snap, 2007), "checking the block forwards · 0:07");
 });
