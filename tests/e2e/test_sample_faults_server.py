@@ -103,6 +103,7 @@ def test_many_samples_keep_the_page_snapshot_bounded_and_all_stay_on_disk(comfy_
     for kind in ("sampling", "sample"):
         assert sum(e["event"] == kind for e in all_events) == 50
         assert kept.count(kind) <= ui_feed.KEEP_PER_KIND + ui_feed.RECENT // 2, kind
-    assert kept[0] == "started" and kept[-1] == "done"
+    # the rank's setup phases come first (what the node shows while it loads), then the run
+    assert [k for k in kept if k != "setup"][0] == "started" and kept[-1] == "done"
     print(f"events.jsonl {len((run_dir / 'events.jsonl').read_bytes())} bytes, {len(all_events)} events; "
           f"snapshot {len(json.dumps(state))} bytes, {len(events)} events")
