@@ -52,7 +52,9 @@ class PipeTrainSaveModel:
 
     def save(self, run, name, overwrite, dtype="bfloat16"):
         from safetensors import safe_open
-        from safetensors.torch import load_file, save_file
+        from safetensors.torch import load_file
+
+        from ..engine.train.lora import save_lora
 
         source = source_model(run)
         root = compat.first_folder("diffusion_models")
@@ -65,13 +67,7 @@ class PipeTrainSaveModel:
                          "pipetrain_run": run.run_name, "pipetrain_base_model": run.model_name,
                          "pipetrain_dtype": dtype})
         tensors = model_files.in_save_dtype(load_file(str(source)), dtype)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_name(f".{target.name}.tmp{os.getpid()}")
-        try:
-            save_file(tensors, str(tmp), metadata=metadata)
-            os.replace(tmp, target)
-        finally:
-            tmp.unlink(missing_ok=True)
+        save_lora(target, tensors, metadata)  # temp file, then rename
         del tensors
         model_name = os.path.relpath(target, Path(root).resolve())
         return {"ui": {"text": [f"saved {model_name} ({dtype})"]},

@@ -28,6 +28,18 @@ def no_fixes_installed():
     fixes.uninstall_all()
 
 
+def host_module(name: str):
+    """The host ComfyUI's module `name`, or the test skipped, naming the ComfyUI version that lacks it."""
+    import importlib
+
+    from PipeTrain.engine.patches import comfy_version
+
+    try:
+        return importlib.import_module(name)
+    except ImportError:
+        pytest.skip(f"ComfyUI {comfy_version()} has no {name}")
+
+
 def make_trainable(model, latents, conds, **objective_options) -> dict:
     """engine.patches.make_trainable on ComfyUI BaseModel `model`, probing with this batch."""
     from PipeTrain.engine.train.objective import DiffusionObjective

@@ -13,12 +13,11 @@ forward are in test_families_033_more.py. On a ComfyUI without LTXAV (0.3.75) th
 from __future__ import annotations
 
 import copy
-import importlib
 
 import pytest
 import torch
 
-from trainable import cast_floats, first_call, lora_grads, ours_and_upstreams
+from trainable import cast_floats, first_call, host_module, lora_grads, ours_and_upstreams
 from trainable import comfy, no_fixes_installed  # noqa: F401 - the fixtures every test here uses
 
 pytestmark = pytest.mark.core
@@ -26,12 +25,7 @@ pytestmark = pytest.mark.core
 
 @pytest.fixture
 def more():
-    from PipeTrain.engine.patches import comfy_version
-
-    try:
-        importlib.import_module("comfy.ldm.lightricks.av_model")
-    except ImportError:
-        pytest.skip(f"ComfyUI {comfy_version()} has no comfy.ldm.lightricks.av_model")
+    host_module("comfy.ldm.lightricks.av_model")
     import family_configs_033_more
 
     return family_configs_033_more

@@ -13,12 +13,12 @@ H3 (0.3.75) these tests skip, naming what is missing.
 """
 from __future__ import annotations
 
-import importlib
 import re
 
 import pytest
 import torch
 
+from trainable import host_module
 from trainable import comfy, no_fixes_installed  # noqa: F401 - the fixtures every test here uses
 
 pytestmark = pytest.mark.core
@@ -26,12 +26,7 @@ pytestmark = pytest.mark.core
 
 @pytest.fixture
 def upstream():
-    from PipeTrain.engine.patches import comfy_version
-
-    try:
-        return importlib.import_module("comfy.ldm.minimax.model")
-    except ImportError:
-        pytest.skip(f"ComfyUI {comfy_version()} has no comfy.ldm.minimax.model")
+    return host_module("comfy.ldm.minimax.model")
 
 
 def _segments(n):

@@ -11,12 +11,11 @@ test_families_033_more.py. On a ComfyUI without PixelDiT (0.3.75) these tests sk
 from __future__ import annotations
 
 import copy
-import importlib
 
 import pytest
 import torch
 
-from trainable import cast_floats, first_call, lora_grads, ours_and_upstreams
+from trainable import cast_floats, first_call, host_module, lora_grads, ours_and_upstreams
 from trainable import comfy, no_fixes_installed  # noqa: F401 - the fixtures every test here uses
 
 pytestmark = pytest.mark.core
@@ -24,12 +23,7 @@ pytestmark = pytest.mark.core
 
 @pytest.fixture
 def pixeldit():
-    from PipeTrain.engine.patches import comfy_version
-
-    try:
-        importlib.import_module("comfy.ldm.pixeldit.model")
-    except ImportError:
-        pytest.skip(f"ComfyUI {comfy_version()} has no comfy.ldm.pixeldit")
+    host_module("comfy.ldm.pixeldit.model")
     import family_configs_033_more as more
 
     return more.PIXELDIT
