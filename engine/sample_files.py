@@ -20,8 +20,8 @@ from pathlib import Path
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import save_file
 
+from .atomic_files import write_safetensors
 from .cache.format import read_safetensors, unpack_extras
 from .config.checks import ConfigError
 
@@ -66,12 +66,7 @@ def write_prompts(path: str | os.PathLike, prompts: list[str], positives: list[t
         metadata[f"{prefix}.none"] = json.dumps(none_keys)
         metadata[f"{prefix}.json"] = json.dumps(json_extras)
     tensors = {k: v.detach().to("cpu").contiguous().clone() for k, v in tensors.items()}
-    final = Path(path)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = final.with_name(f".{final.name}.tmp{os.getpid()}")
-    save_file(tensors, str(tmp), metadata=metadata)
-    os.replace(tmp, final)
-    return final
+    return write_safetensors(path, tensors, metadata)
 
 
 def read_prompts(path: str | os.PathLike) -> tuple[list[str], list[list], list]:
@@ -92,17 +87,9 @@ def read_prompts(path: str | os.PathLike) -> tuple[list[str], list[list], list]:
 
 def write_samples(run_dir: str | os.PathLike, step: int, latents: torch.Tensor, prompts: list[str]) -> Path:
     """Store one step's sample latents [N, ...] atomically; returns the file's path."""
-    path = sample_file(run_dir, step)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    try:
-        save_file({"latent": latents.contiguous()}, str(tmp), metadata={"prompts": json.dumps(prompts),
-                                                                      "step": str(step)})
-        os.replace(tmp, path)
-    except BaseException:  # e.g. a full disk, or SIGTERM's KeyboardInterrupt: no half-written file stays
-        tmp.unlink(missing_ok=True)
-        raise
-    return path
+    # a full disk, or SIGTERM's KeyboardInterrupt, leaves no half-written file
+    return write_safetensors(sample_file(run_dir, step), {"latent": latents.contiguous()},
+                             {"prompts": json.dumps(prompts), "step": str(step)})
 
 
 def read_samples(path: str | os.PathLike) -> tuple[torch.Tensor, list[str]]:

@@ -5,6 +5,7 @@ import hashlib
 import os
 from pathlib import Path, PurePosixPath
 
+from ..engine.atomic_files import write_bytes
 from ..engine.config.checks import ConfigError, invisible_characters, portable_name_problem
 from ..engine.lora_files import ema_file
 from ..engine.version import __version__
@@ -147,10 +148,7 @@ class PipeTrainSaveLoRA:
             if not same:
                 raise ConfigError(f"{target} already exists: choose another name, or turn on overwrite to replace it.")
         else:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            tmp = target.with_name(f".{target.name}.tmp{os.getpid()}")
-            tmp.write_bytes(data)
-            os.replace(tmp, target)
+            write_bytes(target, data)
         lora_name = os.path.relpath(target, Path(loras_root).resolve())
         out_model = compat.load_lora_onto_model(model, str(target), strength) if model is not None else None
         shown = f"saved {lora_name}" + (" (EMA weights)" if weights == EMA else "")

@@ -5,6 +5,7 @@ import os
 from pathlib import Path
 
 from ..engine import model_files
+from ..engine.atomic_files import write_safetensors
 from ..engine.config.checks import ConfigError
 from ..engine.version import __version__
 from . import compat
@@ -54,7 +55,6 @@ class PipeTrainSaveModel:
         from safetensors import safe_open
         from safetensors.torch import load_file
 
-        from ..engine.train.lora import save_lora
 
         source = source_model(run)
         root = compat.first_folder("diffusion_models")
@@ -67,7 +67,7 @@ class PipeTrainSaveModel:
                          "pipetrain_run": run.run_name, "pipetrain_base_model": run.model_name,
                          "pipetrain_dtype": dtype})
         tensors = model_files.in_save_dtype(load_file(str(source)), dtype)
-        save_lora(target, tensors, metadata)  # temp file, then rename
+        write_safetensors(target, tensors, metadata)  # temp file, then rename
         del tensors
         model_name = os.path.relpath(target, Path(root).resolve())
         return {"ui": {"text": [f"saved {model_name} ({dtype})"]},

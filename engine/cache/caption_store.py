@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any, Mapping
 
 import torch
-from safetensors.torch import save_file
 
+from ..atomic_files import write_safetensors
 from .format import VARIANT_PREFIX, VARIANTS_META, CacheError, pack_cond, read_safetensors, restore_cond, unpack_extras
 from .items import caption_cond, per_item
 
@@ -67,15 +67,7 @@ def write_empty_caption(cache_dir: str | os.PathLike, clip) -> None:
     tensors = {"cond.cross_attn": cond[0]}
     meta, _ = pack_cond(tensors, "cond", extras)
     tensors = {k: v.detach().to("cpu").contiguous().clone() for k, v in tensors.items()}
-    final = Path(cache_dir) / EMPTY_CAPTION
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = final.with_name(f".{EMPTY_CAPTION}.tmp{os.getpid()}")
-    try:
-        save_file(tensors, str(tmp), metadata=meta)
-        os.replace(tmp, final)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+    write_safetensors(Path(cache_dir) / EMPTY_CAPTION, tensors, meta)
 
 
 def read_empty_caption(cache_dir: str | os.PathLike) -> tuple[torch.Tensor, dict[str, Any], tuple[str, ...]]:

@@ -16,7 +16,7 @@ import json
 import os
 from pathlib import Path
 
-from ..config.run import write_text_atomic
+from ..atomic_files import write_text
 from ..data.scan import DatasetItem, DatasetSpec, relative_source
 from .format import CACHE_FOLDER
 
@@ -63,7 +63,7 @@ def content_digests(spec: DatasetSpec, items: list[DatasetItem]) -> dict[str, st
            for item in items}
     if rows != known:  # only this dataset's files are kept: deleted files drop out
         try:
-            write_text_atomic(memo_path, json.dumps({"version": _VERSION, "files": rows}, separators=(",", ":")))
+            write_text(memo_path, json.dumps({"version": _VERSION, "files": rows}, separators=(",", ":")))
         except OSError:
             pass  # a read-only first folder: CacheLatents says so when it writes the cache
     return out

@@ -22,9 +22,8 @@ from typing import Any, Mapping
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import save_file
 
-from ..config.run import write_text_atomic
+from ..atomic_files import replacing, write_safetensors, write_text
 from ..data.scan import DatasetSpec
 from .format import (
     LOSS_MASK,
@@ -51,34 +50,20 @@ def item_done(cache_dir: str | os.PathLike, index: int) -> bool:
 def save_item_file(cache_dir: str | os.PathLike, index: int, tensors: dict[str, torch.Tensor],
                    metadata: dict[str, str]) -> None:
     """One packed item (cache_format.pack_item) as items/<index>.safetensors, atomically."""
-    final = item_path(cache_dir, index)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = final.with_name(f".{final.name}.tmp{os.getpid()}")
-    try:
-        save_file(tensors, str(tmp), metadata={**metadata, "format": str(LEGACY_VERSION)})
-        os.replace(tmp, final)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+    write_safetensors(item_path(cache_dir, index), tensors, {**metadata, "format": str(LEGACY_VERSION)})
 
 
 def link_item(source: str | os.PathLike, cache_dir: str | os.PathLike, index: int) -> bool:
     """Put an existing item file at `index` (hard link, else a copy; atomic). False if `source` is gone."""
-    final = item_path(cache_dir, index)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = final.with_name(f".{final.name}.tmp{os.getpid()}")
     try:
-        try:
-            os.link(source, tmp)
-        except OSError:  # no hard links here (some network/FAT file systems): copy
-            shutil.copyfile(source, tmp)
-        os.replace(tmp, final)
+        with replacing(item_path(cache_dir, index)) as tmp:
+            try:
+                os.link(source, tmp)
+            except OSError:  # no hard links here (some network/FAT file systems): copy
+                shutil.copyfile(source, tmp)
         return True
     except FileNotFoundError:
         return False
-    finally:
-        if tmp.exists():
-            tmp.unlink()
 
 
 def item_summary(cache_dir: str | os.PathLike, index: int) -> tuple[tuple[int, ...], list[str]]:
@@ -111,7 +96,7 @@ def write_manifest(cache_dir: str | os.PathLike, fp: str, spec: DatasetSpec, ite
                 "latent_shape": list(latent_shape), "cond_keys": sorted(cond_keys), "encoders": dict(encoders),
                 "dataset": spec.to_dict()}
     path = Path(cache_dir) / MANIFEST
-    write_text_atomic(path, json.dumps(manifest, indent=1, sort_keys=True, default=str))
+    write_text(path, json.dumps(manifest, indent=1, sort_keys=True, default=str))
     return path
 
 

@@ -22,9 +22,8 @@ from typing import Any
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import save_file
 
-from ..config.run import write_text_atomic
+from ..atomic_files import write_safetensors, write_text
 from ..data.scan import DatasetSpec
 from .format import (
     CACHE_FORMAT_VERSION,
@@ -83,15 +82,7 @@ def write_shard(cache_dir: str | os.PathLike, items: dict[int, tuple[dict[str, t
     name = f"{order[0]:07d}-{digest}.safetensors"
     flat = {_prefix(i) + k: v for i in order for k, v in items[i][0].items()}
     metadata = {"format": str(CACHE_FORMAT_VERSION), "items": json.dumps({str(i): items[i][1] for i in order})}
-    final = Path(cache_dir) / SHARDS / name
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = final.with_name(f".{name}.tmp{os.getpid()}")
-    try:
-        save_file(flat, str(tmp), metadata=metadata)
-        os.replace(tmp, final)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+    write_safetensors(Path(cache_dir) / SHARDS / name, flat, metadata)
     return name
 
 
@@ -267,7 +258,7 @@ def write_metadata(cache_dir: str | os.PathLike, fp: str, spec: DatasetSpec, enc
                 "latent_shape": list(shapes["latent"]), "cond_keys": cond_keys_of(shapes, meta),
                 "encoders": dict(encoders), "dataset": spec.to_dict(), "metadata": name,
                 "shards": sorted(set(done.values()))}
-    write_text_atomic(cache_dir / MANIFEST, json.dumps(manifest, indent=1, sort_keys=True, default=str))
+    write_text(cache_dir / MANIFEST, json.dumps(manifest, indent=1, sort_keys=True, default=str))
     for old in cache_dir.glob(META_PREFIX + "*"):
         if old.name != name and old.is_dir():
             shutil.rmtree(old, ignore_errors=True)

@@ -21,7 +21,8 @@ from ..cache.items import CONTROL_STYLES, control_style_conflict
 from ..data.messages import DatasetError
 from ..data.scan import DatasetSpec
 from .checks import ConfigError
-from .run import _check, write_text_atomic
+from ..atomic_files import write_text
+from .run import _check
 
 CACHE_CONFIG_VERSION = 1
 MODEL_FOLDERS = {"vae": ("vae",), "clip": ("text_encoders", "clip"), "checkpoint": ("checkpoints",),
@@ -154,7 +155,7 @@ class CacheConfig:
         return cls.from_dict(data, os.path.dirname(os.path.abspath(path)))
 
     def save(self, path: str | os.PathLike) -> None:
-        write_text_atomic(Path(path), json.dumps(self.to_dict(), indent=2, sort_keys=True))
+        write_text(path, json.dumps(self.to_dict(), indent=2, sort_keys=True))
 
 
 def _absolute(path: str, base_dir: str) -> str:

@@ -15,6 +15,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from ..atomic_files import write_text
 from .checks import ConfigError
 
 HISTORY = "config_history"
@@ -141,7 +142,5 @@ def record(run_dir: str | os.PathLike, config: dict[str, Any], step: int) -> Pat
     kept = revisions(run_dir)
     number = int(kept[-1].stem[3:]) + 1 if kept else 1
     path = folder / f"rev{number:04d}.json"
-    tmp = folder / f".{path.name}.tmp{os.getpid()}"
-    tmp.write_text(json.dumps({"step": step, "config": config}, indent=2, sort_keys=True), encoding="utf-8")
-    os.replace(tmp, path)
+    write_text(path, json.dumps({"step": step, "config": config}, indent=2, sort_keys=True))
     return path

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..atomic_files import write_text
 from .checks import ConfigError, check_run_name
 from .checks import check as _check
 from .eval import EvalSpec
@@ -114,7 +115,7 @@ class RunConfig:
         return cls.from_dict(keep_run_settings(data) if isinstance(data, dict) else data)
 
     def save(self, path: str | os.PathLike) -> None:
-        write_text_atomic(Path(path), json.dumps(self.to_dict(), indent=2, sort_keys=True))
+        write_text(path, json.dumps(self.to_dict(), indent=2, sort_keys=True))
 
 
 def _build(cls, data: Any, where: str):
@@ -153,9 +154,3 @@ _SECTIONS = {"LoraSpec": LoraSpec, "MemorySpec": MemorySpec, "TrainSpec": TrainS
              "SampleSpec": SampleSpec, "EvalSpec": EvalSpec, "ObjectiveSpec": ObjectiveSpec, "MonitorSpec": MonitorSpec}
 
 
-def write_text_atomic(path: Path, text: str) -> None:
-    """Write a file so readers see the old or the new content, never half of it."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)

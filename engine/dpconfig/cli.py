@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from ..config.checks import ConfigError
-from ..config.run import write_text_atomic
+from ..atomic_files import write_text
 
 PACK_ROOT = Path(__file__).resolve().parents[2]
 
@@ -31,7 +31,7 @@ def _write_all(files: dict[Path, str], force: bool) -> None:
     if taken and not force:
         raise ConfigError(f"{', '.join(taken)} already exist(s): choose another output, or add --force to replace.")
     for path, text in files.items():
-        write_text_atomic(path, text)
+        write_text(path, text)
 
 
 def import_main(argv: list[str]) -> int:

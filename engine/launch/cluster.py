@@ -25,9 +25,10 @@ import socket
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..atomic_files import write_text
 from ..config.checks import ConfigError
 from ..config.rules import data_parallel_size
-from ..config.run import RunConfig, write_text_atomic
+from ..config.run import RunConfig
 from . import rank_exits
 
 DEFAULT_MASTER_PORT = 29500  # DeepSpeed's and torch.distributed's usual port
@@ -127,7 +128,7 @@ def plan(cfg: RunConfig, node_rank: int | None = None, master_addr: str | None =
 def write_generated_hostfile(node: NodePlan, run_dir: str) -> str:
     """For num_nodes without a hostfile: DeepSpeed still wants one (names only label the nodes)."""
     path = Path(run_dir) / f".hostfile-node{node.node_rank}"  # one per node: no race on a shared run folder
-    write_text_atomic(path, "".join(f"{h} slots={s}\n" for h, s in node.hosts))
+    write_text(path, "".join(f"{h} slots={s}\n" for h, s in node.hosts))
     return str(path)
 
 

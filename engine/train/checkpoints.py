@@ -15,7 +15,7 @@ from typing import Any
 
 import torch.distributed as tdist
 
-from ..config.run import write_text_atomic
+from ..atomic_files import write_text
 from ..patches.deepspeed import load_tensors_only
 from .checkpoint_space import failed_save
 from .ema import write_state as write_ema
@@ -47,7 +47,7 @@ def save_checkpoint(engine, root: Path, tag: str, client_state: dict[str, Any], 
         engine.save_checkpoint(str(root), tag=tag, client_state=client_state, exclude_frozen_parameters=True,
                                save_latest=False)
         if tdist.get_rank() == 0:
-            write_text_atomic(root / "latest", tag)
+            write_text(root / "latest", tag)
     except Exception as e:
         explained = failed_save(e, root, tag)
         if explained is None:

@@ -9,10 +9,11 @@ continues it exactly, on any layout of ranks.
 """
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import torch
+
+from ..atomic_files import write_safetensors
 
 EMA_FILE = "pipetrain_ema.safetensors"  # in a checkpoint folder, beside the engine's own files
 
@@ -72,9 +73,4 @@ def start_ema(train, params: dict[str, torch.nn.Parameter], checkpoint: Path | N
 
 def write_state(folder: Path, tensors: dict[str, torch.Tensor]) -> None:
     """The EMA into a checkpoint folder (temp-then-rename)."""
-    from safetensors.torch import save_file
-
-    folder.mkdir(parents=True, exist_ok=True)
-    tmp = folder / f".{EMA_FILE}.tmp{os.getpid()}"
-    save_file(tensors, str(tmp))
-    os.replace(tmp, folder / EMA_FILE)
+    write_safetensors(folder / EMA_FILE, tensors)

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import os
 import re
-from pathlib import Path
 
 import torch
 from torch import nn
 
+from ..atomic_files import write_safetensors
 from ..config.checks import ConfigError
 from ..config.sections import LoraSpec
 from ..memory.blocks import block_roots
@@ -109,16 +109,7 @@ def lora_state_dict(named: dict[str, torch.Tensor], spec: LoraSpec,
 def save_lora(path: str | os.PathLike, tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> None:
     """Write a safetensors file (a LoRA, or a full fine-tune's model) atomically: a temp file in the same
     folder, then rename; a failed write removes its temp file."""
-    from safetensors.torch import save_file
-
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    try:
-        save_file(tensors, str(tmp), metadata={k: str(v) for k, v in metadata.items()})
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    write_safetensors(path, tensors, metadata)
 
 
 def load_lora_into(diffusion_model: nn.Module, path: str, spec: LoraSpec | None = None) -> None:

@@ -11,13 +11,13 @@ as in DeepSpeed's layout. Written temp-then-rename; read back with torch.load(we
 """
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
+from ..atomic_files import replacing, write_text
 from .grad_norm import total_norm
 
 STATE_FILE = "pipetrain_state.pt"
@@ -64,12 +64,9 @@ class PlainTrainer:
         state = {"module": self._trainable_state(), "optimizer": self.optimizer.state_dict(),
                  "lr_scheduler": self.lr_scheduler.state_dict(), "micro_steps": self.micro_steps,
                  "client_state": client_state}
-        tmp = folder / f".{STATE_FILE}.tmp{os.getpid()}"
-        torch.save(state, tmp)
-        os.replace(tmp, folder / STATE_FILE)
-        latest_tmp = Path(save_dir) / f".latest.tmp{os.getpid()}"
-        latest_tmp.write_text(tag)
-        os.replace(latest_tmp, Path(save_dir) / "latest")
+        with replacing(folder / STATE_FILE) as tmp:
+            torch.save(state, tmp)
+        write_text(Path(save_dir) / "latest", tag)
 
     def load_checkpoint(self, load_dir: str, load_module_strict: bool = False) -> tuple[str, dict[str, Any]]:
         tag = (Path(load_dir) / "latest").read_text().strip()

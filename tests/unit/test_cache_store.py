@@ -7,6 +7,7 @@ import json
 
 import psutil
 import pytest
+import safetensors.torch
 import torch
 
 from pack import load_pack  # tests/pack.py: the repo as the package ComfyUI makes of it
@@ -87,7 +88,7 @@ def test_metadata_round_trips(tmp_path):
 
 
 def test_a_crash_mid_shard_leaves_a_cache_that_resumes_and_loads_right(tmp_path, monkeypatch):
-    real_save, calls = store.save_file, []
+    real_save, calls = safetensors.torch.save_file, []
 
     def crash_on_second_shard(tensors, path, metadata=None):
         calls.append(path)
@@ -97,12 +98,12 @@ def test_a_crash_mid_shard_leaves_a_cache_that_resumes_and_loads_right(tmp_path,
                 f.truncate(100)
             raise RuntimeError("injected crash while writing a shard")
 
-    monkeypatch.setattr(store, "save_file", crash_on_second_shard)
+    monkeypatch.setattr(safetensors.torch, "save_file", crash_on_second_shard)  # what atomic_files calls
     writer = store.ShardWriter(cache_dir(tmp_path), max_items=4)
     with pytest.raises(RuntimeError, match="injected crash"):
         for i in range(10):
             add(writer, i)
-    monkeypatch.setattr(store, "save_file", real_save)
+    monkeypatch.setattr(safetensors.torch, "save_file", real_save)
     shards = cache_dir(tmp_path) / "shards"
     assert [p.name for p in shards.iterdir() if p.name.startswith(".")] == []  # the temp file is gone
     assert sorted(store.scan_shards(cache_dir(tmp_path))) == [0, 1, 2, 3]  # only the complete shard counts
