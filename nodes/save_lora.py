@@ -5,6 +5,7 @@ import hashlib
 import os
 from pathlib import Path, PurePosixPath
 
+from ..engine import best_step
 from ..engine.atomic_files import write_bytes
 from ..engine.config.checks import ConfigError, invisible_characters, portable_name_problem
 from ..engine.lora_files import ema_file
@@ -13,8 +14,8 @@ from . import compat
 from .types import RUN
 
 SUBFOLDER = "pipetrain"
-PLAIN, EMA = "plain", "ema"
-WEIGHTS = (PLAIN, EMA)  # which of a run's LoRA files SaveLoRA copies
+PLAIN, EMA, BEST = "plain", "ema", "best"
+WEIGHTS = (PLAIN, EMA, BEST)  # which of a run's LoRA files SaveLoRA copies
 
 
 def safe_lora_target(loras_root: str, name: str, what: str = "LoRA", folder: str = "loras") -> Path:
@@ -77,9 +78,20 @@ def check_save_names(prompt: dict | None, train_node: str | None) -> None:
 
 
 def source_file(run, weights: str) -> Path:
-    """The run's LoRA file of the chosen weights (plain or ema), refused with the fix when it is missing."""
+    """The run's LoRA file of the chosen weights (plain, ema or best), refused with the fix when it is missing."""
     if weights not in WEIGHTS:
         raise ConfigError(f"weights is {weights!r}: choose one of {', '.join(WEIGHTS)}.")
+    if weights == BEST:  # the saved step with the lowest eval loss (<run>/best.json, engine/best_step.py)
+        found = best_step.best(best_step.read(Path(run.run_dir)))
+        if found is None:
+            raise ConfigError(f"run {run.run_name!r} has no eval history with a saved LoRA step, so there is no best "
+                              "step: set eval_every and connect an eval set (eval_cache) to Train Pipeline, or "
+                              "choose weights 'plain'.")
+        source = Path(run.lora_path).parent / found["file"]
+        if not source.is_file():
+            raise ConfigError(f"the best step's LoRA file {source} (step {found['step']}) is missing: was it deleted? "
+                              "Choose weights 'plain', or train again.")
+        return source
     if weights == EMA:
         source = Path(getattr(run, "ema_path", "") or ema_file(run.lora_path))
         if not source.is_file():
@@ -126,7 +138,8 @@ class PipeTrainSaveLoRA:
                 # Saved UI workflows store widget values by position: add new inputs at the end only.
                 "weights": (list(WEIGHTS), {"default": PLAIN, "tooltip":
                             "Which weights to save: plain = the LoRA as trained at the last step; ema = their "
-                            "exponential moving average (needs Train Pipeline's ema_decay above 0), often smoother. "
+                            "exponential moving average (needs Train Pipeline's ema_decay above 0), often smoother; "
+                            "best = the saved step with the lowest eval loss (needs an eval set and eval_every). "
                             "Same file format either way."}),
             },
         }
@@ -140,7 +153,8 @@ class PipeTrainSaveLoRA:
         target = safe_lora_target(loras_root, name)
         with safe_open(str(source), framework="pt") as f:
             metadata = dict(f.metadata() or {})
-        metadata.update({"pipetrain_version": __version__, "pipetrain_steps": str(run.steps),
+        steps = metadata.get("pipetrain_steps", str(run.steps)) if weights == BEST else str(run.steps)
+        metadata.update({"pipetrain_version": __version__, "pipetrain_steps": steps,
                          "pipetrain_run": run.run_name, "pipetrain_base_model": run.model_name})
         data = _file_bytes(load_file(str(source)), metadata)
         if target.exists() and not overwrite:
@@ -151,5 +165,6 @@ class PipeTrainSaveLoRA:
             write_bytes(target, data)
         lora_name = os.path.relpath(target, Path(loras_root).resolve())
         out_model = compat.load_lora_onto_model(model, str(target), strength) if model is not None else None
-        shown = f"saved {lora_name}" + (" (EMA weights)" if weights == EMA else "")
+        shown = f"saved {lora_name}" + (" (EMA weights)" if weights == EMA else "") + (
+            f" (best eval step, {source.name})" if weights == BEST else "")
         return {"ui": {"text": [shown]}, "result": (out_model, lora_name)}

@@ -37,12 +37,22 @@ class TrainOptions:
     wandb_run_name: str = ""
     wandb_mode: str = "online"
     wandb_entity: str = ""
+    eval_early_stop: int = 0  # run.json eval.early_stop (appended last: saved workflows keep their values)
 
 
 def option_inputs() -> dict:
     """The node's inputs, in widget order."""
     evals = {name: spec for name, spec in eval_inputs().items() if name != "eval_cache"}
-    return {**launch_inputs(), **sample_setting_inputs(), **evals, **ema_inputs(), **resume_inputs(), **wandb_inputs()}
+    return {**launch_inputs(), **sample_setting_inputs(), **evals, **ema_inputs(), **resume_inputs(), **wandb_inputs(),
+            **early_stop_inputs()}
+
+
+def early_stop_inputs() -> dict:
+    """Added after the W&B inputs: widget values are stored by position, so new inputs go at the end."""
+    return {"eval_early_stop": ("INT", {"default": 0, "min": 0, "max": 1_000_000, "tooltip":
+                                "End the run after this many evals in a row without a lower eval loss (the final "
+                                "LoRA is still saved; SaveLoRA's weights 'best' picks the saved step with the lowest "
+                                "eval loss). 0 = off. Needs eval_cache and eval_every above 0."})}
 
 
 OPTION_NAMES = tuple(f.name for f in dataclasses.fields(TrainOptions))

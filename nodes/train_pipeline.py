@@ -152,7 +152,8 @@ class PipeTrainTrainPipeline:
                             backend=launcher.resolve_backend(o.backend), cluster=launch_cluster(cluster))
         cfg = RunConfig(run_name=run_name.strip(), run_dir="", comfyui_root=compat.comfyui_root(),
                         model_path=model_path, cache_dir=cache.cache_dir, lora=lora, memory=memory, train=train,
-                        launch=launch, eval=eval_spec(eval_cache, cache, o.eval_every, o.eval_before_start),
+                        launch=launch, eval=eval_spec(eval_cache, cache, o.eval_every, o.eval_before_start,
+                                                      o.eval_early_stop),
                         objective=objective or ObjectiveSpec(), resume=resume != RESUME_OFF,
                         accept_changes=bool(o.accept_changes),
                         monitor=monitor_spec(o.wandb_project, o.wandb_run_name, o.wandb_mode, o.wandb_entity))
@@ -191,14 +192,19 @@ class PipeTrainTrainPipeline:
                          notice=notice)
 
 
-def eval_spec(eval_cache, cache, every: int, before_start: bool) -> EvalSpec:
+def eval_spec(eval_cache, cache, every: int, before_start: bool, early_stop: int = 0) -> EvalSpec:
     """The run's EvalSpec from the node's eval inputs; off without an eval_cache."""
     if eval_cache is None:
+        if early_stop:
+            raise ConfigError(f"eval_early_stop is {early_stop} but Train Pipeline has no eval_cache: connect an eval "
+                              "set (a Cache Latents output of held-out images) or set eval_early_stop to 0.")
         return EvalSpec()
     if tuple(eval_cache.latent_shape)[:1] != tuple(cache.latent_shape)[:1]:
         raise ConfigError(f"eval_cache holds {eval_cache.latent_shape[0]}-channel latents, the training cache "
                           f"{cache.latent_shape[0]}: cache the eval set with the same VAE as the training set.")
-    spec = EvalSpec(cache_dir=eval_cache.cache_dir, every=int(every), before_start=bool(before_start))
+    spec = EvalSpec(cache_dir=eval_cache.cache_dir, every=int(every), before_start=bool(before_start),
+                    early_stop=int(early_stop))
+    spec.validate()  # early_stop without eval_every: refused here, before the launch
     if not spec.enabled:
         compat.log.warning("[PipeTrain] eval_cache is connected but eval_every is 0 and eval_before_start is off: "
                            "no eval this run.")
@@ -225,7 +231,7 @@ def relay(cfg: RunConfig, config_path: str, cuda: bool, model_name: str, node_id
     _running.add(proc)
     bar = compat.progress_bar(max(1, cfg.train.steps))
     last = {"step": 0, "total": cfg.train.steps, "loss": float("nan")}
-    finished, errors, pace, checkpoint = None, [], StepPace(), None
+    finished, errors, pace, checkpoint, early = None, [], StepPace(), None, ""
     try:
         while True:
             alive = proc.poll() is None
@@ -246,6 +252,9 @@ def relay(cfg: RunConfig, config_path: str, cuda: bool, model_name: str, node_id
                                     float(ev.get("loss", float("nan"))))
                 elif kind == "warning":
                     compat.log.warning("[PipeTrain] %s: %s", cfg.run_name, ev.get("message", ""))
+                elif kind == "early_stop":  # eval.early_stop ended the run before its last step
+                    compat.log.info("[PipeTrain] %s %s", cfg.run_name, ev.get("message", ""))
+                    early = ev.get("message", "")
                 elif kind in ("done", "cancelled"):
                     finished = ev
                 elif kind == "error":
@@ -286,7 +295,7 @@ def relay(cfg: RunConfig, config_path: str, cuda: bool, model_name: str, node_id
     result = RunResult(run_dir=cfg.run_dir, run_name=cfg.run_name, lora_path=lora_path, steps=int(last["step"]),
                        total_steps=int(last["total"]), final_loss=float(last["loss"]), model_name=model_name,
                        status=status, ema_path=str(ema_path) if ema_path and ema_path.is_file() else "")
-    text = summary_text(result)
+    text = summary_text(result) + (f"\n{early}" if early else "")
     feed.status(status)
     ui = {"text": [text]}
     if decoder is not None and decoder.latest:

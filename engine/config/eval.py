@@ -21,6 +21,7 @@ class EvalSpec:
     every: int = 0  # evaluate every N optimizer steps (and after the last one); 0 = not during training
     before_start: bool = False  # also evaluate before the first step (the base model's loss, step 0)
     seed: int = 0  # the eval noise's own seed, independent of train.seed (runs with other seeds compare)
+    early_stop: int = 0  # end the run after N evals in a row without a lower eval loss; 0 = off
 
     @property
     def enabled(self) -> bool:
@@ -38,6 +39,11 @@ class EvalSpec:
         if self.every < 0:
             raise ConfigError(f"eval.every (eval_every) is {self.every}: use 0 (no eval during training) or a "
                               "number of steps such as 100.")
+        if self.early_stop < 0:
+            raise ConfigError(f"eval.early_stop is {self.early_stop}: use 0 (off) or a number of evals such as 3.")
+        if self.early_stop > 0 and not (self.cache_dir and self.every > 0):
+            raise ConfigError(f"eval.early_stop is {self.early_stop} but no eval runs during training: connect an "
+                              "eval set (eval_cache) and set eval_every above 0, or set early_stop to 0.")
         if self.seed < 0:
             raise ConfigError(f"eval.seed is {self.seed}: use 0 or a positive number.")
         if not self.cache_dir and (self.every or self.before_start):

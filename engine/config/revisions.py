@@ -28,7 +28,7 @@ SAME_RESULT = (
     "train.steps", "train.epochs", "train.save_every", "train.checkpoint_every",
     "memory.activation_checkpointing", "memory.block_swap", "memory.block_swap_sampling",
     "memory.compile_blocks", "memory.compile_mode", "memory.expandable_segments",
-    "sample.", "eval.every", "eval.before_start", "launch.", "monitor.",
+    "sample.", "eval.every", "eval.before_start", "eval.early_stop", "launch.", "monitor.",
 )
 # Settings added after runs existed, with the value that gives their old behaviour: a run from before them
 # trained as if set so, and a resume that sets another value is a change. objective.guidance 0 = each item's

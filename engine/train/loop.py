@@ -7,6 +7,7 @@ events, TensorBoard and LoRA files; every rank takes part in checkpoints (DeepSp
 from __future__ import annotations
 
 import os
+import sys
 import time
 import traceback
 from pathlib import Path
@@ -184,17 +185,39 @@ def train(cfg: RunConfig, device: torch.device, events: EventLog, phases: SetupP
     from .samples import SampleRenderer
     renderer = SampleRenderer.create(cfg, model, device, events, rank, memory)  # samples with the current LoRA (rank 0)
     meta = _lora_metadata(cfg, dataset.fingerprint)
+    from .. import best_step
     from .eval_set import EvalSet, report
 
     # Held-out eval loss at fixed noise (engine/train/eval_set.py): a collective, on every rank at the same steps.
     evaluator = EvalSet.create(cfg, objective, device, engine, pipelined)
 
-    def evaluate(step: int) -> None:
-        if evaluator is not None and cfg.eval.due(step, total_steps):
-            result = evaluator.run(engine, adapter if pipelined else None)
-            if rank == 0:
-                report(result, step, events, tb)
-                wb.eval(result, step)
+    # Eval history and best saved step (engine/best_step.py); every rank keeps it (the loss is all-reduced).
+    history = best_step.read(run_dir, start_step) if evaluator is not None else []
+
+    def saved_file(step: int) -> str | None:
+        """The LoRA file this step saves (saves come right after the eval of the same step)."""
+        if step == total_steps:
+            return final.name
+        return step_file(step) if t.save_every and step and step % t.save_every == 0 else None
+
+    def evaluate(step: int) -> bool:
+        """Eval when due; True when early_stop says to end the run here."""
+        nonlocal history
+        if evaluator is None or not cfg.eval.due(step, total_steps):
+            return False
+        result = evaluator.run(engine, adapter if pipelined else None)
+        history = best_step.record(history, step, result["loss"], saved_file(step))
+        # Rank 0 decides (its best.json is the full history; on a resume a rank on another node may have none).
+        stopping = dist.any_true(rank == 0 and step > 0 and best_step.should_stop(history, cfg.eval.early_stop),
+                                 device)
+        if stopping:  # the final file is saved at this step
+            history = best_step.attach_file(history, step, final.name)
+        if rank == 0:
+            found = best_step.write(run_dir, history)
+            report({**result, "best_step": found["step"], "best_eval_loss": found["eval_loss"],
+                    "best_file": found["file"]}, step, events, tb)
+            wb.eval(result, step)
+        return stopping
 
     def save_lora(name: str, step: int) -> None:
         if full:  # the whole diffusion model, bf16, ComfyUI's keys (engine/model_files.py); one stage only
@@ -274,14 +297,20 @@ def train(cfg: RunConfig, device: torch.device, events: EventLog, phases: SetupP
             tb.add_scalar("train/lr", lr, step)
             tb.add_scalar("train/grad_norm", grad_norm, step)
         wb.step(step, loss, lr, grad_norm)
-        evaluate(step)
+        stopped_early = evaluate(step)  # early_stop: ends the run normally (final LoRA) after this step
         if renderer is not None:
             renderer.maybe_render(step, total_steps, stop.requested)
         if t.save_every and step % t.save_every == 0 and step < total_steps:
             save_lora(step_file(step), step)
         cancel = dist.any_true(stop.requested(), device)
-        if cancel or (t.checkpoint_every and step % t.checkpoint_every == 0) or step == total_steps:
+        if cancel or stopped_early or (t.checkpoint_every and step % t.checkpoint_every == 0) or step == total_steps:
             save_checkpoint(step)
+        if stopped_early and not cancel:
+            message = best_step.stop_message(step, cfg.eval.early_stop, history)
+            if rank == 0:
+                events.emit("early_stop", step=step, total=total_steps, message=message)
+                print(message, file=sys.stderr, flush=True)
+            break
         if cancel:
             save_lora(step_file(step), step)
             events.emit("cancelled", step=step, total=total_steps, loss=loss, reason=stop.reason)

@@ -313,7 +313,7 @@ DEFAULTS_BEFORE_THE_MOVE = dict(
     sample_negative="", sample_every=100, sample_width=512, sample_height=512, sample_steps=20, sample_cfg=1.0,
     sample_seed=0, sample_sampler="euler", sample_scheduler="simple", eval_every=100, eval_before_start=True,
     ema_decay=0.0, ema_start_step=0, accept_changes=False)
-ADDED_SINCE = dict(wandb_project="", wandb_run_name="", wandb_mode="online", wandb_entity="")
+ADDED_SINCE = dict(wandb_project="", wandb_run_name="", wandb_mode="online", wandb_entity="", eval_early_stop=0)
 
 
 @pytest.mark.core
@@ -357,6 +357,6 @@ def test_train_options_default_as_train_pipeline_did_and_old_api_prompts_keep_th
 
     assert all(len(inputs[n][1]["tooltip"]) > 40 for n in ("ema_decay", "ema_start_step"))
     save = PipeTrainSaveLoRA.INPUT_TYPES()["optional"]
-    assert list(save)[-1] == "weights" and save["weights"][0] == ["plain", "ema"]
+    assert list(save)[-1] == "weights" and save["weights"][0] == ["plain", "ema", "best"]
     with pytest.raises(ConfigError, match="ema_decay is 1.0"):
         TrainSpec(ema_decay=1.0).validate()

@@ -19,6 +19,7 @@ from PipeTrain.engine.config.eval import EVAL_QUANTILES, EvalSpec
 
 pytestmark = pytest.mark.slow
 FP32 = MemorySpec(base_dtype="float32")  # on a GPU 'auto' is half precision: compare like with like
+LR_TOO_HIGH = 0.05  # Adam steps of this size take the tiny model's LoRA past any improvement on the first step
 DROPOUT = LoraSpec(rank=4, targets="attention_mlp", dropout=0.1)  # training draws from the global RNG
 
 
@@ -161,5 +162,47 @@ def test_node_refuses_an_eval_cache_of_another_vae_and_a_bad_noise_range(cache_d
         eval_spec(other_vae, cache, every=10, before_start=True)
     assert eval_spec(None, cache, every=10, before_start=True) == EvalSpec()  # unconnected: no eval
     assert eval_spec(cache, cache, every=10, before_start=False) == EvalSpec(cache_dir=cache.cache_dir, every=10)
+    with pytest.raises(ConfigError, match="eval_early_stop is 2 but Train Pipeline has no eval_cache"):
+        eval_spec(None, cache, every=10, before_start=True, early_stop=2)
+    with pytest.raises(ConfigError, match="eval_every above 0"):
+        eval_spec(cache, cache, every=0, before_start=True, early_stop=2)
     with pytest.raises(ConfigError, match="min_t/max_t"):
         TrainSpec(min_t=0.9, max_t=0.5).validate()
+
+
+def test_early_stop_ends_two_ranks_together_and_save_lora_takes_the_best_step(tmp_path, comfy_root, demo_base,
+                                                                                cache_dir):
+    """A learning rate that makes the LoRA worse: the eval loss never beats the base model's (step 0), so
+    eval.early_stop 2 ends both ranks at step 4 of 12 as a finished run; best.json names the better of the
+    two saved steps, and Save LoRA's weights 'best' copies that file."""
+    from types import SimpleNamespace
+
+    from PipeTrain.engine import best_step
+    from PipeTrain.engine.lora_files import lora_step_file
+    from PipeTrain.nodes.save_lora import source_file
+
+    cfg = make_config(tmp_path / "stop", comfy_root, demo_base, cache_dir, processes=2, steps=12,
+                      learning_rate=LR_TOO_HIGH, save_every=2, memory=FP32)
+    cfg = RunConfig.from_dict(dataclasses.replace(cfg, eval=EvalSpec(cache_dir=cache_dir, every=2, before_start=True,
+                                                                     early_stop=2)).to_dict())
+    run, = run_all_to_end(cfg, timeout=600)
+    evals = _evals(run)
+    assert sorted(evals) == [0, 2, 4], f"not stopped after 2 evals without improvement: {sorted(evals)}"
+    assert evals[2]["loss"] > evals[0]["loss"] and evals[4]["loss"] > evals[0]["loss"]
+    assert [e["step"] for e in run.of("step")] == [1, 2, 3, 4]
+    stop, = run.of("early_stop")
+    assert stop["step"] == 4 and "best step" in stop["message"]
+    done, = run.of("done")
+    assert done["step"] == 4 and done["lora"].endswith("lora_final.safetensors")
+
+    recorded = json.loads((Path(cfg.run_dir) / best_step.FILE).read_text())
+    assert [e["step"] for e in recorded["history"]] == [0, 2, 4]
+    better = 2 if evals[2]["loss"] <= evals[4]["loss"] else 4
+    assert recorded["step"] == better
+    assert recorded["file"] == (lora_step_file(2) if better == 2 else "lora_final.safetensors")
+    run_result = SimpleNamespace(run_dir=cfg.run_dir, lora_path=done["lora"], run_name=cfg.run_name)
+    assert source_file(run_result, "best") == Path(cfg.run_dir) / "lora" / recorded["file"]
+    assert (Path(cfg.run_dir) / "lora" / recorded["file"]).is_file()
+    (Path(cfg.run_dir) / best_step.FILE).unlink()
+    with pytest.raises(ConfigError, match="has no eval history with a saved LoRA step"):
+        source_file(run_result, "best")

@@ -100,8 +100,8 @@ def test_save_lora_copies_the_chosen_weights_and_says_how_to_get_missing_ones(tm
         source_file(run, "ema")
     ema_file(plain).write_bytes(b"y")
     assert source_file(run, "ema") == ema_file(plain)
-    with pytest.raises(ConfigError, match="weights is 'best'"):
-        source_file(run, "best")
+    with pytest.raises(ConfigError, match="weights is 'newest'"):
+        source_file(run, "newest")
     optional = PipeTrainSaveLoRA.INPUT_TYPES()["optional"]
     assert list(optional)[-1] == "weights" and optional["weights"][1]["default"] == "plain"
 
