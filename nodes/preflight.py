@@ -264,6 +264,18 @@ def _block_widths(widths: dict) -> dict:
     return {n: w for n, w in widths.items() if n.split(".")[0] in roots} or widths
 
 
+def check_cache_opens(cache_dir: str) -> None:
+    """The training cache opens as the ranks will open it (engine/cache/reader.py): a cache set to
+    caption_dropout without the empty caption's encoding, say, is refused here, before any rank starts."""
+    from ..engine.cache.format import CacheError
+    from ..engine.cache.reader import CachedDataset
+
+    try:
+        CachedDataset(cache_dir)
+    except CacheError as e:
+        raise ConfigError(str(e)) from None
+
+
 def check_batch(batch_size: int, cache) -> None:
     """More images per batch than one pass over the dataset (items x repeats) has would repeat images
     inside every batch."""

@@ -26,7 +26,7 @@ from ..engine.lora_files import ema_file, is_ema_file
 from ..engine.sample_files import unsupported_reason
 from . import compat, ui_feed
 from .cluster import announce_other_nodes, cluster_input, launch_cluster
-from .preflight import check_batch, check_devices, check_model, check_sample_size
+from .preflight import check_batch, check_cache_opens, check_devices, check_model, check_sample_size
 from .runs import (
     RESUME_LATEST,
     RESUME_OFF,
@@ -160,6 +160,7 @@ class PipeTrainTrainPipeline:
         cfg.validate()  # every setting and rule, once (reads no file); each rank validates run.json again
         cfg.check_files()  # before any folder is made; the samples' prompts file is written below
         cuda = check_devices(launch)
+        check_cache_opens(cache.cache_dir)
         check_batch(batch_size, cache)
         found = check_model(model_name, model_path, lora, {"cache": cache, "eval_cache": eval_cache},
                             train.timestep_shift, cfg.objective)

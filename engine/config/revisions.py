@@ -46,6 +46,23 @@ KEPT_ON_RESUME = ("objective",)
 BY_NAME = ("model_path", "cache_dir", "eval.cache_dir", "lora.init_from")
 
 
+# What the training cache's manifest says about how it trains but its folder name (the dataset fingerprint)
+# leaves out: LoadDataset's caption_dropout changes which steps train on the empty caption, not a stored
+# tensor, so the same cache folder can come back with another value. Kept with each revision as "cache".
+CACHE_SETTINGS = {"caption_dropout": 0.0}
+
+
+def cache_settings(config: dict[str, Any]) -> dict[str, Any]:
+    """The CACHE_SETTINGS of the config's training cache, from its manifest.json ({} when unreadable: the
+    node and the ranks refuse such a cache with their own message)."""
+    try:
+        manifest = json.loads((Path(config["cache_dir"]) / "manifest.json").read_text(encoding="utf-8"))
+        dataset = manifest.get("dataset") or {}
+        return {name: type(default)(dataset.get(name, default)) for name, default in CACHE_SETTINGS.items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return {}
+
+
 def flat(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     """{"lora.alpha": 0.0, ...}: the config's settings under dotted names."""
     out: dict[str, Any] = {}
@@ -99,13 +116,20 @@ def check_resume(run_dir: str | os.PathLike, config: dict[str, Any],
         return []
     previous = last["config"] if last is not None else before
     changed = result_changes(previous, config)
+    if last is not None and isinstance(last.get("cache"), dict):  # revisions kept before it have no "cache"
+        changed += result_changes({"cache": last["cache"]}, {"cache": cache_settings(config)})
     if changed and not config.get("accept_changes"):
-        listed = "; ".join(f"{name}: {old!r} -> {new!r}" for name, old, new in changed)
+        listed = "; ".join(f"{_shown(name)}: {old!r} -> {new!r}" for name, old, new in changed)
         raise ConfigError(f"resuming {run_dir} with changed settings would train differently from an uninterrupted "
                           f"run: {listed}. Set them back to resume it, start a new run for new settings, or turn on "
                           "accept_changes (TrainPipeline's input, or \"accept_changes\": true in run.json) to "
                           "continue with them.")
     return changed
+
+
+def _shown(name: str) -> str:
+    """A setting's name in messages; the cache's own ones say where they are set."""
+    return f"{name} (LoadDataset's {name[6:]}, kept in the cache)" if name.startswith("cache.") else name
 
 
 def trained_section(run_dir: str | os.PathLike, section: str, before: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -142,5 +166,6 @@ def record(run_dir: str | os.PathLike, config: dict[str, Any], step: int) -> Pat
     kept = revisions(run_dir)
     number = int(kept[-1].stem[3:]) + 1 if kept else 1
     path = folder / f"rev{number:04d}.json"
-    write_text(path, json.dumps({"step": step, "config": config}, indent=2, sort_keys=True))
+    write_text(path, json.dumps({"step": step, "config": config, "cache": cache_settings(config)}, indent=2,
+                                sort_keys=True))
     return path

@@ -65,3 +65,30 @@ def test_accepted_changes_are_returned_and_every_start_is_kept(tmp_path):
 
 def test_result_changes_ignores_equal_values():
     assert result_changes(BASE, json.loads(json.dumps(BASE))) == []
+
+
+def test_a_caption_dropout_changed_in_the_same_cache_is_a_change(tmp_path):
+    """caption_dropout lives in the cache's manifest, not in run.json, and leaves the cache folder (the
+    dataset fingerprint) as it was: each revision keeps it, and a resume that finds another value is refused,
+    naming where it is set; revisions kept before it have none and compare nothing."""
+    cache = tmp_path / "cache" / "0123456789abcdef"
+    cache.mkdir(parents=True)
+
+    def manifest(dropout):
+        (cache / "manifest.json").write_text(json.dumps({"dataset": {"caption_dropout": dropout}}))
+
+    config = {**BASE, "cache_dir": str(cache)}
+    run = tmp_path / "run"
+    manifest(0.25)
+    rev = record(run, config, 0)
+    assert json.loads(rev.read_text())["cache"] == {"caption_dropout": 0.25}
+    assert check_resume(run, config) == []
+    manifest(0.5)
+    with pytest.raises(ConfigError, match=r"cache.caption_dropout \(LoadDataset's caption_dropout, kept in the "
+                                          r"cache\): 0.25 -> 0.5"):
+        check_resume(run, config)
+    assert check_resume(run, {**config, "accept_changes": True}) == [("cache.caption_dropout", 0.25, 0.5)]
+    old = json.loads(rev.read_text())
+    del old["cache"]
+    rev.write_text(json.dumps(old))  # a revision from before the cache's settings were kept
+    assert check_resume(run, config) == []

@@ -148,3 +148,18 @@ def test_changing_dropout_with_an_edit_copies_the_unchanged_items(encoders, tmp_
     assert ds.cache_dir != first.cache_dir  # the edit makes a new cache ...
     assert "2 copied from the previous cache, 1 encoded" in line  # ... the dropout alone does not stop the copies
     assert sorted(clip.texts) == ["", "a new caption"]
+
+
+def test_a_dropout_cache_without_the_empty_caption_is_refused_before_launch(encoders, tmp_path):
+    """Train Pipeline opens the cache as the ranks will (nodes/preflight.py check_cache_opens): a cache set to
+    caption_dropout whose empty-caption encoding is gone is refused with the fix before any rank starts."""
+    from PipeTrain.engine.config.checks import ConfigError
+    from PipeTrain.nodes.preflight import check_cache_opens
+
+    folder = _folder(tmp_path, {f"img{n}": f"caption number {n}" for n in range(2)})
+    ds, _ = _cache(folder, encoders, caption_dropout=0.5)
+    check_cache_opens(str(ds.cache_dir))
+    (ds.cache_dir / EMPTY_CAPTION).unlink()
+    with pytest.raises(ConfigError, match=r"caption_dropout 0.5 but holds no encoding of the empty caption: run "
+                                          r"CacheLatents again"):
+        check_cache_opens(str(ds.cache_dir))
