@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import time
 
-from ..engine.cache.encoders import cache_identity
+from ..engine.cache.encoders import cache_identity, identity_text
 from ..engine.cache.first_frame import DEFAULT_STYLE, STYLES
 from ..engine.cache.format import CacheError, remove_cache
 
@@ -27,6 +27,8 @@ from ..engine.cache.writer import (
 )
 from ..engine.data.scan import DatasetSpec
 from . import compat
+from .cache_on_ranks import cache_on_ranks
+from .cache_sources import encoder_files
 from .load_dataset import report_rows
 from .types import CACHE, DATASET
 
@@ -88,7 +90,13 @@ class PipeTrainCacheLatents:
                            "its sampling workflow passes it. reference_latents: ReferenceLatent (Flux Kontext, "
                            "Qwen-Image-Edit, Flux 2, OmniGen2). concat_latent_image: InstructPixToPixConditioning "
                            "(HiDream E1, InstructPix2Pix models)."}),
-        }}
+            "gpus": ("INT", {
+                "default": 1, "min": 1, "max": 64,
+                "tooltip": "Encode on this many GPUs at once, one process each (CPU processes where there is no "
+                           "GPU), as `python -m engine cache` does from a shell; the cache is the same. Above 1, "
+                           "vae, clip and clip_vision must come straight from loader nodes (VAELoader, CLIPLoader, "
+                           "DualCLIPLoader, CheckpointLoaderSimple, ...): each process loads those files itself."}),
+        }, "hidden": {"prompt": "PROMPT", "unique_id": "UNIQUE_ID"}}
 
     def cache_and_report(self, dataset: DatasetSpec, vae, clip, regenerate: bool, **options):
         """What ComfyUI runs: cache(), with its report on the node (and in /history)."""
@@ -100,8 +108,10 @@ class PipeTrainCacheLatents:
 
     def encode(self, dataset: DatasetSpec, vae, clip, regenerate: bool, first_frame_conditioning: bool = False,
                trust_cache: bool = False, clip_vision=None, clip_vision_crop: str = "center",
-               first_frame_style: str = DEFAULT_STYLE, control_style: str = CONTROL_STYLES[0]):
-        """Plan, encode and finish the cache; returns (CacheSpec, the report's lines, its rows by reason)."""
+               first_frame_style: str = DEFAULT_STYLE, control_style: str = CONTROL_STYLES[0], gpus: int = 1,
+               prompt=None, unique_id=None):
+        """Plan, encode and finish the cache; returns (CacheSpec, the report's lines, its rows by reason).
+        gpus above 1: the ranks encode first (nodes/cache_on_ranks.py), then this finds every item cached."""
         conflict = control_style_conflict(control_style, first_frame_conditioning, dataset.control_folder)
         if conflict:
             raise CacheError(conflict)
@@ -130,6 +140,13 @@ class PipeTrainCacheLatents:
                 log.info("PipeTrain CacheLatents: %s", line)
                 return trusted, [line, *notes, *warnings], ()
             log.info("PipeTrain CacheLatents: trust_cache is on but no complete cache matches; checking every file")
+        if gpus > 1:
+            files = encoder_files(prompt, unique_id, clip_vision is not None)
+            ranks_said = cache_on_ranks(dataset, files, gpus, identity_text(identity), regenerate, dict(
+                first_frame_conditioning=first_frame_conditioning, first_frame_style=first_frame_style,
+                control_style=control_style, clip_vision_crop=clip_vision_crop))
+            note(f"encoded on {gpus} processes: {ranks_said}")
+            regenerate = False  # the ranks did; what follows reads their cache
         plan = plan_cache(dataset, identity, warn)
         if regenerate and plan.cache_dir.exists():
             log.info("PipeTrain CacheLatents: regenerate is on, deleting %s", plan.cache_dir)

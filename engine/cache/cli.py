@@ -70,7 +70,7 @@ def run_rank(cfg: CacheConfig, worker: bool) -> int:
     import torch.distributed as dist
 
     from ..launch.comfy_bootstrap import import_comfy
-    from .encoders import cache_identity
+    from .encoders import cache_identity, identity_text
     from .items import ItemOptions
     from .vae_frame_rate import check_clip_lengths, resolve_target_fps
     from .writer import (
@@ -91,6 +91,11 @@ def run_rank(cfg: CacheConfig, worker: bool) -> int:
         vae, clip = load_encoders(cfg)
         options = ItemOptions(cfg.first_frame, load_clip_vision(cfg), cfg.clip_vision_crop != "none", cfg.control_style)
         identity = cache_identity(vae, clip, options)
+        if cfg.expect_identity and identity_text(identity) != cfg.expect_identity:
+            raise CacheError(f"the encoders loaded from the files are not the ones expected (identity "
+                             f"{identity_text(identity)}, expected {cfg.expect_identity}): the graph changes them after loading (CLIP Set Last "
+                             "Layer, a LoRA on the text encoder, ...). Cache with gpus 1 (the graph's own encoders), "
+                             "or connect the loaders straight to CacheLatents.")
         check_clip_lengths(cfg.dataset, vae)  # before any rank encodes: the VAE's 4k+1 (8k+1...) rule
         dataset = resolve_target_fps(cfg.dataset, vae, lambda m: _say(rank, m), lambda m: _say(rank, f"warning: {m}"))
         if cfg.trust_cache and not cfg.regenerate:
@@ -151,8 +156,9 @@ def launcher_command(cfg: CacheConfig, config_path: str, master_port: int) -> li
                                                config_path, "--worker"]
 
 
-def launch(cfg: CacheConfig, config_path: str) -> int:
-    """Start cfg.processes ranks with DeepSpeed's launcher (cwd = the pack root) and wait for them."""
+def start(cfg: CacheConfig, config_path: str, output=None) -> subprocess.Popen:
+    """Start cfg.processes ranks with DeepSpeed's launcher (cwd = the pack root), in a process group of
+    their own (launcher.kill_tree ends them all); output: where their stdout and stderr go (None: ours)."""
     from ..launch import launcher
 
     if not launcher.deepspeed_available():
@@ -166,8 +172,16 @@ def launch(cfg: CacheConfig, config_path: str) -> int:
         # ranks share the cores: without this each rank starts one thread per core
         env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // cfg.processes)))
     kwargs = {"creationflags": subprocess.CREATE_NEW_PROCESS_GROUP} if os.name == "nt" else {"start_new_session": True}
-    proc = subprocess.Popen(launcher_command(cfg, os.path.abspath(config_path), launcher.free_port()),
-                            cwd=str(launcher.PACK_ROOT), env=env, stdin=subprocess.DEVNULL, **kwargs)
+    streams = {} if output is None else {"stdout": output, "stderr": subprocess.STDOUT}
+    return subprocess.Popen(launcher_command(cfg, os.path.abspath(config_path), launcher.free_port()),
+                            cwd=str(launcher.PACK_ROOT), env=env, stdin=subprocess.DEVNULL, **streams, **kwargs)
+
+
+def launch(cfg: CacheConfig, config_path: str) -> int:
+    """Start the ranks (start()) and wait for them."""
+    from ..launch import launcher
+
+    proc = start(cfg, config_path)
     try:
         return proc.wait()
     except KeyboardInterrupt:  # finished items are on disk: the next run resumes from them

@@ -144,3 +144,8 @@ def cache_identity(vae: Any, clip: Any, options: Any = None) -> dict[str, Any]:
     if options.control_style != CONTROL_STYLES[0]:  # control images stored under another key
         identity["control_style"] = options.control_style
     return identity
+
+
+def identity_text(identity: dict[str, Any]) -> str:
+    """An identity as one canonical JSON string (CacheConfig.expect_identity: what the ranks must find)."""
+    return json.dumps(identity, sort_keys=True, separators=(",", ":"), default=str)

@@ -48,6 +48,7 @@ class CacheConfig:
     processes: int = 1  # ranks on this machine: one per GPU (CPU processes where there is no CUDA)
     gpu_ids: str = ""  # e.g. "0,1"; "" = the first `processes` GPUs
     timeout_s: int = 86400  # how long a rank waits for the others (the scan on rank 0, the slowest shard)
+    expect_identity: str = ""  # the encoders' identity the ranks must find (CacheLatents: its graph's); "" = any
     version: int = CACHE_CONFIG_VERSION
 
     def validate(self) -> None:

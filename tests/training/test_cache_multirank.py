@@ -275,3 +275,15 @@ def test_config_errors_name_the_setting_before_any_rank_starts(tmp_path, comfy_r
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "error: clip: the file" in proc.stderr
     assert "PipeTrain cache:" not in proc.stdout  # stopped before any rank started
+
+
+def test_encoders_other_than_the_expected_ones_stop_before_encoding(tmp_path, comfy_root, files, folder):
+    """expect_identity (what CacheLatents with gpus above 1 sets to its graph's encoders): files that load as
+    other encoders stop the command before any item is encoded."""
+    config = write_config(tmp_path, comfy_root, files, processes=1, expect_identity='{"vae":"another"}')
+    proc = subprocess.run([sys.executable, "-m", "engine", "cache", "--config", str(config)], cwd=REPO_ROOT,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "the encoders loaded from the files are not the ones expected" in proc.stderr
+    assert 'expected {"vae":"another"}' in proc.stderr and "gpus 1" in proc.stderr
+    assert not (folder / CACHE_FOLDER).exists()
