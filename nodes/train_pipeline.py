@@ -26,6 +26,7 @@ from ..engine.lora_files import ema_file, is_ema_file
 from ..engine.sample_files import unsupported_reason
 from . import compat, ui_feed
 from .cluster import announce_other_nodes, cluster_input, launch_cluster
+from .model_sources import model_source
 from .preflight import check_batch, check_cache_opens, check_devices, check_model, check_sample_size
 from .runs import (
     RESUME_LATEST,
@@ -128,16 +129,31 @@ class PipeTrainTrainPipeline:
                             "The less often changed settings from PipeTrain Train Options: GPU ids and backend, "
                             "timestep sampling, shift and noise range, how samples are rendered, the eval interval, "
                             "EMA and accept_changes. Unconnected = that node's defaults."}),
+                "model": ("MODEL", {"tooltip":
+                          "Train the graph's own model: connect the MODEL of a UNETLoader or CheckpointLoaderSimple, "
+                          "directly or through LoRA loaders (LoraLoaderModelOnly, LoraLoader). The training processes "
+                          "load that file, merge the LoRA stack at its strengths and train a new LoRA on top; "
+                          "model_name is then not used. Save LoRA saves only the new LoRA: apply it after the same "
+                          "stack. Unconnected = model_name, as before."}),
             },
             "hidden": {"unique_id": "UNIQUE_ID", "prompt": "PROMPT"},  # prompt: check_save_names
         }
 
     def train(self, model_name, cache, lora, memory, steps, epochs, learning_rate, scheduler, warmup_steps,
               batch_size, grad_accum, seed, save_every, checkpoint_every, num_gpus, run_name, resume, cluster=None,
-              clip=None, vae=None, sample_prompts="", eval_cache=None, objective=None, options=None, unique_id=None,
-              prompt=None):
+              clip=None, vae=None, sample_prompts="", eval_cache=None, objective=None, options=None, model=None,
+              unique_id=None, prompt=None):
         o = options or TrainOptions()
-        model_path = compat.full_path("diffusion_models", model_name) or compat.full_path("checkpoints", model_name)
+        base_loras = ()
+        if model is not None:  # the graph's model: its file and LoRA stack (nodes/model_sources.py)
+            source = model_source(prompt, unique_id)
+            if os.path.basename(source.model_path) != model_name:
+                compat.log.info("[PipeTrain] model is connected: training %s (model_name %s is not used)",
+                                source.describe(), model_name)
+            model_path, base_loras = source.model_path, source.loras
+            model_name = os.path.basename(model_path)
+        else:
+            model_path = compat.full_path("diffusion_models", model_name) or compat.full_path("checkpoints", model_name)
         if not model_path:
             raise ConfigError(f"model_name {model_name!r} is not in ComfyUI's diffusion_models or checkpoints "
                               "folders: put the file there and refresh, or pick another.")
@@ -156,7 +172,8 @@ class PipeTrainTrainPipeline:
                                                       o.eval_early_stop),
                         objective=objective or ObjectiveSpec(), resume=resume != RESUME_OFF,
                         accept_changes=bool(o.accept_changes),
-                        monitor=monitor_spec(o.wandb_project, o.wandb_run_name, o.wandb_mode, o.wandb_entity))
+                        monitor=monitor_spec(o.wandb_project, o.wandb_run_name, o.wandb_mode, o.wandb_entity),
+                        base_loras=base_loras)
         cfg.validate()  # every setting and rule, once (reads no file); each rank validates run.json again
         cfg.check_files()  # before any folder is made; the samples' prompts file is written below
         cuda = check_devices(launch)

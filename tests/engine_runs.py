@@ -18,6 +18,26 @@ from PipeTrain.engine.config.sections import LoraSpec, MemorySpec, TrainSpec
 from PipeTrain.engine.events import EventTail
 
 
+def write_test_prompts(path: Path, clip, prompts: list[str]) -> Path:
+    """The samples' prompts file (engine/sample_files.py) for `prompts`, encoded with `clip` as TrainPipeline does."""
+    from PipeTrain.engine.sample_files import write_prompts
+
+    def encode(text):
+        return clip.encode_from_tokens_scheduled(clip.tokenize(text))[0]
+    return write_prompts(path, prompts, [encode(p) for p in prompts], encode(""))
+
+
+def with_samples(cfg: RunConfig, prompts_file: Path, **spec) -> RunConfig:
+    """cfg rendering 64x64 samples every 4 steps (4 euler steps, cfg 1, seed 7), saved as run.json."""
+    from PipeTrain.engine.config.sections import SampleSpec
+
+    sample = SampleSpec(**{"every": 4, "prompts_file": str(prompts_file), "width": 64, "height": 64, "steps": 4,
+                           "cfg": 1.0, "seed": 7, **spec})
+    cfg = dataclasses.replace(cfg, sample=sample)
+    cfg.save(Path(cfg.run_dir) / "run.json")
+    return RunConfig.load(Path(cfg.run_dir) / "run.json")
+
+
 def build_cache(comfy_root: str, demo_base: dict) -> str:
     """Encode the demo dataset with the tiny VAE + CLIP through the CacheLatents node, in-process."""
     from PipeTrain.engine.launch.comfy_bootstrap import import_comfy

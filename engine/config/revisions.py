@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from ..atomic_files import write_text
+from . import global_batch
+from .base_loras import identity as base_lora_identity
 from .checks import ConfigError
 
 HISTORY = "config_history"
@@ -36,7 +38,7 @@ SAME_RESULT = (
 # before. The EMA settings change no trained weight, but the EMA file a run writes: an EMA turned on or
 # changed at a resume is no EMA an uninterrupted run would have (with accept_changes it starts from the
 # weights at the resume step, engine/train/ema.py).
-BEFORE_THEY_EXISTED = {"objective.guidance": 0.0, "train.ema_decay": 0.0, "train.ema_start_step": 0,
+BEFORE_THEY_EXISTED = {"base_loras": [], "objective.guidance": 0.0, "train.ema_decay": 0.0, "train.ema_start_step": 0,
                        "lora.kind": "lora", "lora.lokr_factor": -1}
 # Sections a resume keeps from the run where the new config leaves a setting out (run.json without the key;
 # TrainPipeline without an Objective Options node): a resumed run goes on training what it trained.
@@ -70,6 +72,8 @@ def flat(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
         name = f"{prefix}{key}"
         if isinstance(value, dict):
             out.update(flat(value, name + "."))
+        elif name == "base_loras":  # [[file name, strength], ...]: the folders are machine-local
+            out[name] = base_lora_identity(value)
         else:
             out[name] = os.path.basename(os.path.normpath(value)) if name in BY_NAME and value else value
     return out
@@ -106,24 +110,36 @@ def last_revision(run_dir: str | os.PathLike) -> dict[str, Any] | None:
                           "new run.") from e
 
 
-def check_resume(run_dir: str | os.PathLike, config: dict[str, Any],
-                 before: dict[str, Any] | None = None) -> list[tuple[str, Any, Any]]:
+def last_replicas(run_dir: str | os.PathLike) -> int | None:
+    """The data-parallel replicas of the run's last start: as the engine recorded them, else as that start's
+    config launches them (engine/config/global_batch.py); None for a run that never started."""
+    last = last_revision(run_dir)
+    return None if last is None else last.get("replicas") or global_batch.replicas_of(last["config"])
+
+
+def check_resume(run_dir: str | os.PathLike, config: dict[str, Any], before: dict[str, Any] | None = None,
+                 replicas: int | None = None) -> list[tuple[str, Any, Any]]:
     """The result-changing settings this resume changes since the last start ([] for none). `before`:
     the config to compare with when the run kept no history (its run.json from an older PipeTrain).
+    `replicas`: this start's data-parallel replicas where known (the engine), else as `config` launches them;
+    train.grad_accum is judged through the global batch (engine/config/global_batch.py).
     Raises ConfigError listing them unless config['accept_changes'] is true."""
     last = last_revision(run_dir)
     if last is None and before is None:
         return []
     previous = last["config"] if last is not None else before
-    changed = result_changes(previous, config)
+    replicas_then = last_replicas(run_dir) if last is not None else global_batch.replicas_of(previous)
+    changed = global_batch.judged(result_changes(previous, config), previous, config,
+                                  (replicas_then, replicas or global_batch.replicas_of(config)))
     if last is not None and isinstance(last.get("cache"), dict):  # revisions kept before it have no "cache"
         changed += result_changes({"cache": last["cache"]}, {"cache": cache_settings(config)})
     if changed and not config.get("accept_changes"):
         listed = "; ".join(f"{_shown(name)}: {old!r} -> {new!r}" for name, old, new in changed)
+        hint = global_batch.HINT if any(name == global_batch.NAME for name, _, _ in changed) else ""
         raise ConfigError(f"resuming {run_dir} with changed settings would train differently from an uninterrupted "
-                          f"run: {listed}. Set them back to resume it, start a new run for new settings, or turn on "
-                          "accept_changes (TrainPipeline's input, or \"accept_changes\": true in run.json) to "
-                          "continue with them.")
+                          f"run: {listed}.{hint} Set them back to resume it, start a new run for new settings, or "
+                          "turn on accept_changes (TrainPipeline's input, or \"accept_changes\": true in run.json) "
+                          "to continue with them.")
     return changed
 
 
@@ -159,13 +175,15 @@ def keep_run_settings(data: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def record(run_dir: str | os.PathLike, config: dict[str, Any], step: int) -> Path:
-    """Keep `config` as the next revision, starting at `step` (temp-then-rename); returns its path."""
+def record(run_dir: str | os.PathLike, config: dict[str, Any], step: int, replicas: int | None = None) -> Path:
+    """Keep `config` as the next revision, starting at `step`, with the data-parallel `replicas` it trains on
+    where known (temp-then-rename); returns its path."""
     folder = Path(run_dir) / HISTORY
     folder.mkdir(parents=True, exist_ok=True)
     kept = revisions(run_dir)
     number = int(kept[-1].stem[3:]) + 1 if kept else 1
     path = folder / f"rev{number:04d}.json"
-    write_text(path, json.dumps({"step": step, "config": config, "cache": cache_settings(config)}, indent=2,
+    write_text(path, json.dumps({"step": step, "config": config, "cache": cache_settings(config),
+                                **({"replicas": replicas} if replicas else {})}, indent=2,
                                 sort_keys=True))
     return path

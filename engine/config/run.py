@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ..atomic_files import write_text
+from .base_loras import BaseLora
 from .checks import ConfigError, check_run_name
 from .checks import check as _check
 from .eval import EvalSpec
@@ -56,6 +57,7 @@ class RunConfig:
     eval: EvalSpec = field(default_factory=EvalSpec)  # held-out eval set (engine/config/eval.py)
     objective: ObjectiveSpec = field(default_factory=ObjectiveSpec)  # the loss (engine/config/objective.py)
     monitor: MonitorSpec = field(default_factory=MonitorSpec)  # W&B (engine/config/monitor.py); off by default
+    base_loras: tuple[BaseLora, ...] = ()  # LoRAs merged into the base before training (engine/config/base_loras.py)
     resume: bool = False  # continue from the newest checkpoint in run_dir/checkpoints
     accept_changes: bool = False  # resume even with settings that change the result (engine/config/revisions.py)
     version: int = CONFIG_VERSION
@@ -67,7 +69,7 @@ class RunConfig:
                "re-create the run from the TrainPipeline node.")
         check_run_name(self.run_name)
         for part in (self.lora, self.memory, self.train, self.launch, self.sample, self.eval, self.objective,
-                     self.monitor):
+                     self.monitor, *self.base_loras):
             part.validate()
         check_optimizer_settings(self.memory, self.train)
         check_objective_settings(self.objective, self.train)
@@ -90,6 +92,8 @@ class RunConfig:
         _check(not self.sample.every or os.path.isfile(self.sample.prompts_file),
                f"sample.prompts_file {self.sample.prompts_file!r} does not exist: re-queue TrainPipeline with sample "
                "prompts (it writes the file), or set sample.every to 0.")
+        for lora in self.base_loras:
+            lora.check_file()
         _check(not self.eval.cache_dir or os.path.isfile(os.path.join(self.eval.cache_dir, "manifest.json")),
                f"eval.cache_dir {self.eval.cache_dir} is incomplete (no manifest.json): run the eval set's Cache "
                "Latents again, or disconnect eval_cache.")
@@ -134,8 +138,12 @@ def _build(cls, data: Any, where: str):
         value = data[name]
         ftype = f.type if isinstance(f.type, str) else f.type.__name__
         sub = _SECTIONS.get(ftype)
+        listed = _SECTIONS.get(ftype[len("tuple["):].split(",")[0]) if ftype.startswith("tuple[") else None
         if sub is not None:
             value = _build(sub, value, f"{where}.{name}")
+        elif listed is not None:  # a list of sections, e.g. base_loras
+            _check(isinstance(value, (list, tuple)), f"{where}.{name} must be a list.")
+            value = tuple(_build(listed, item, f"{where}.{name}[{i}]") for i, item in enumerate(value))
         elif ftype == "float":
             _check(isinstance(value, (int, float)) and not isinstance(value, bool), f"{where}.{name} must be a number.")
             value = float(value)
@@ -151,6 +159,7 @@ def _build(cls, data: Any, where: str):
 
 _SECTIONS = {"LoraSpec": LoraSpec, "MemorySpec": MemorySpec, "TrainSpec": TrainSpec, "LaunchSpec": LaunchSpec,
              "ClusterSpec": ClusterSpec,
-             "SampleSpec": SampleSpec, "EvalSpec": EvalSpec, "ObjectiveSpec": ObjectiveSpec, "MonitorSpec": MonitorSpec}
+             "SampleSpec": SampleSpec, "EvalSpec": EvalSpec, "ObjectiveSpec": ObjectiveSpec, "MonitorSpec": MonitorSpec,
+             "BaseLora": BaseLora}
 
 

@@ -42,6 +42,17 @@ def load_base_model(cfg: RunConfig, device: torch.device) -> nn.Module:
         raise ModelLoadError(
             f"ComfyUI does not recognise {cfg.model_path} as a diffusion model ({str(e).splitlines()[0]}). "
             "Pick a diffusion model or checkpoint that ComfyUI's own loaders can load.") from e
+    if cfg.base_loras:  # the graph's LoRA stack, merged before the new LoRA (engine/models/base_loras.py)
+        from .base_loras import BaseLoraError, merge_base_loras
+
+        if is_quantized_file(patcher.model):
+            raise ModelLoadError("base_loras on a quantized (fp8_scaled) model file cannot be merged into its "
+                                 "weights: train on the full-precision file (memory base_dtype fp8 quantizes it for "
+                                 "training), or remove the LoRA loaders from Train Pipeline's model.")
+        try:
+            merge_base_loras(patcher, cfg.base_loras)
+        except BaseLoraError as e:
+            raise ModelLoadError(str(e)) from None
     model = patcher.model
     if options.get("dtype") in FP8 and not is_quantized_file(model):
         keep_high_precision(model, cfg.model_path)

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch.distributed as tdist
 
 from ..atomic_files import write_text
 from ..patches.deepspeed import load_tensors_only
+from . import elastic
 from .checkpoint_space import failed_save
 from .ema import write_state as write_ema
 
@@ -55,12 +56,20 @@ def save_checkpoint(engine, root: Path, tag: str, client_state: dict[str, Any], 
         raise explained from e
 
 
-def resume(engine, root: Path, backend: str, signature: dict[str, Any]) -> int:
-    """Load the newest checkpoint under `root` into the engine; returns its step."""
+def resume(engine, root: Path, backend: str, signature: dict[str, Any], stages: int = 1,
+           from_stages: Callable[[Any, Path], dict[str, Any]] | None = None) -> int:
+    """Load the newest checkpoint under `root` into the engine; returns its step. `stages`: this run's
+    pipeline_stages; `from_stages(engine, folder)` reads a pipelined run's checkpoint into this data-parallel
+    run (elastic.load_stages), which DeepSpeed's own load cannot."""
     check_backend(root, backend)
+    folder = latest_folder(root)
     if backend == "deepspeed":
         load_tensors_only(engine)  # the plain backend reads its state file weights-only itself
-    _, client = engine.load_checkpoint(str(root), load_module_strict=False)
+        elastic.check_stages(folder, stages)
+    if backend == "deepspeed" and stages == 1 and elastic.saved_stages(folder):
+        client = from_stages(engine, folder)
+    else:
+        _, client = engine.load_checkpoint(str(root), load_module_strict=False)
     if client.get("signature") != signature:
         raise ValueError(f"checkpoint in {root} was made for {client.get('signature')}, this run is "
                          f"{signature}: resume with the same model and LoRA settings, or start a new run.")

@@ -6,6 +6,7 @@ events, TensorBoard and LoRA files; every rank takes part in checkpoints (DeepSp
 """
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
@@ -15,10 +16,11 @@ from pathlib import Path
 import torch
 
 from ..config import revisions
+from ..config.base_loras import identity as base_lora_identity
 from ..config.run import RunConfig
 from ..events import EventLog
 from ..version import __version__
-from . import checkpoints, node_checks, wandb_log
+from . import checkpoints, elastic, node_checks, wandb_log
 from . import distributed as dist
 from .setup_phases import SetupPhases
 from .stop_flag import StopFlag
@@ -88,7 +90,10 @@ def train(cfg: RunConfig, device: torch.device, events: EventLog, phases: SetupP
     # A resume with settings that change the result is refused here, before the model loads (the node
     # refuses it before launch too); accepted changes are logged once the start step is known.
     resuming = cfg.resume and (run_dir / "checkpoints" / "latest").exists()
-    changes = revisions.check_resume(run_dir, cfg.to_dict()) if resuming else []
+    replicas = data_parallel_size(world, cfg.memory.pipeline_stages)  # data-parallel copies of the model
+    # another number of replicas may resume a checkpoint when the global batch stays (engine/config/global_batch.py)
+    changes = revisions.check_resume(run_dir, cfg.to_dict(), replicas=replicas) if resuming else []
+    replicas_before = revisions.last_replicas(run_dir) if resuming else None
     t = cfg.train
     phases = phases or SetupPhases()
     phases.done("node_checks")  # the nodes' agreement, the resume check and this function's imports
@@ -99,7 +104,6 @@ def train(cfg: RunConfig, device: torch.device, events: EventLog, phases: SetupP
     dataset = CachedDataset(cfg.cache_dir)
     stream = SampleStream([dataset.repeats(i) for i in range(len(dataset))], seed=t.seed, buckets=dataset.buckets(),
                           batch=t.batch_size)  # batches never mix aspect buckets or caption lengths
-    replicas = data_parallel_size(world, cfg.memory.pipeline_stages)  # data-parallel copies of the model
     samples_per_step = t.batch_size * t.grad_accum * replicas
     total_steps = t.steps if t.steps > 0 else steps_for_epochs(t.epochs, len(stream), samples_per_step)
 
@@ -159,10 +163,13 @@ def train(cfg: RunConfig, device: torch.device, events: EventLog, phases: SetupP
                  **({"kind": cfg.lora.kind} if cfg.lora.kind != "lora" else {})}  # lora: as checkpoints before kinds
     start_step, resumed_from = 0, None
     if cfg.resume and (ckpt_root / "latest").exists():
-        start_step = checkpoints.resume(engine, ckpt_root, cfg.launch.backend, signature)
+        # a pipelined run's checkpoint also resumes data parallel (engine/train/elastic.py)
+        from_stages = elastic.stage_reader(model, lambda ps: build_optimizer(cfg.memory.optimizer, ps, t))
+        start_step = checkpoints.resume(engine, ckpt_root, cfg.launch.backend, signature, cfg.memory.pipeline_stages,
+                                        from_stages)
         resumed_from = checkpoints.latest_folder(ckpt_root)
     if rank == 0:
-        revisions.record(run_dir, cfg.to_dict(), start_step)  # the settings of the steps from here on
+        revisions.record(run_dir, cfg.to_dict(), start_step, replicas)  # the settings of the steps from here on
     phases.done("resume")  # the checkpoint loaded (if any) and the config revision kept
 
     layout = node_checks.rank_layout(engine, pipelined)  # node, stage and replica of every rank
@@ -176,6 +183,8 @@ def train(cfg: RunConfig, device: torch.device, events: EventLog, phases: SetupP
     trained = ({lora_names[id(p)]: p for p in engine.module.parameters() if id(p) in lora_names} if pipelined else
                trained_parameters(model.diffusion_model, cfg.lora))
     ema = start_ema(t, trained, resumed_from, start_step, events)
+    if rank == 0 and replicas_before not in (None, replicas):
+        elastic.report(events, start_step, replicas_before, replicas, world)
     if changes and rank == 0:
         listed = [{"setting": name, "before": old, "after": new} for name, old, new in changes]
         events.emit("config_changed", step=start_step, changes=listed)
@@ -353,6 +362,7 @@ def _lora_metadata(cfg: RunConfig, fingerprint: str) -> dict[str, str]:
         "pipetrain_adapter": cfg.lora.kind,
         "pipetrain_dataset_fingerprint": fingerprint,
         "pipetrain_run": cfg.run_name,
+        **({"pipetrain_base_loras": json.dumps(base_lora_identity(cfg.base_loras))} if cfg.base_loras else {}),
     }
 
 

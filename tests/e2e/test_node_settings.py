@@ -255,6 +255,7 @@ def test_the_node_refuses_a_vae_picked_as_the_model_before_any_run_folder(comfy_
     prompt = demo_prompt(demo_base, steps=1, processes=1, run_name="vae_as_model")
     prompt = {k: v for k, v in prompt.items() if k in {"1", "2", "3", "4", "5", "6", "7", "8", "23"}}
     prompt["8"]["inputs"].update(model_name=picked.name, sample_prompts="")
+    del prompt["8"]["inputs"]["model"]  # the file picked by name, not the graph's model
     try:
         with pytest.raises(ComfyError, match="does not recognise this file as a diffusion model"):
             comfy_server.run(prompt, timeout=300)

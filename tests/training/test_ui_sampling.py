@@ -3,7 +3,6 @@ own sampler, on rank 0 of real DeepSpeed ranks, and the result is what ComfyUI i
 with the LoRA file saved at that step."""
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import pytest
@@ -11,11 +10,11 @@ import torch
 
 from PipeTrain.engine.config.checks import ConfigError
 from PipeTrain.engine.config.run import RunConfig
-from PipeTrain.engine.config.sections import MemorySpec, SampleSpec
+from PipeTrain.engine.config.sections import MemorySpec
 from PipeTrain.engine.events import EventLog, history, read_events
-from PipeTrain.engine.sample_files import read_prompts, read_samples, write_prompts
+from PipeTrain.engine.sample_files import read_prompts, read_samples
 from PipeTrain.engine.train.samples import SampleRenderer
-from engine_runs import build_cache, make_config, run_to_end
+from engine_runs import build_cache, make_config, run_to_end, with_samples, write_test_prompts
 
 pytestmark = pytest.mark.slow
 PROMPTS = ["a red circle on a blue background", "a green square"]
@@ -35,18 +34,7 @@ def encoders(comfy_root, demo_base):
 
 
 def _prompts_file(path: Path, clip) -> Path:
-    def encode(text):
-        cond, extras = clip.encode_from_tokens_scheduled(clip.tokenize(text))[0]
-        return cond, extras
-    return write_prompts(path, PROMPTS, [encode(p) for p in PROMPTS], encode(""))
-
-
-def _with_samples(cfg: RunConfig, prompts_file: Path, **spec) -> RunConfig:
-    sample = SampleSpec(every=4, prompts_file=str(prompts_file), width=64, height=64, steps=4, cfg=1.0, seed=7,
-                        **spec)
-    cfg = dataclasses.replace(cfg, sample=sample)
-    cfg.save(Path(cfg.run_dir) / "run.json")
-    return RunConfig.load(Path(cfg.run_dir) / "run.json")
+    return write_test_prompts(path, clip, PROMPTS)
 
 
 def test_prompts_file_round_trips_comfyui_conditioning(tmp_path, encoders):
@@ -65,7 +53,7 @@ def test_samples_use_the_current_lora_and_match_comfyui_sampling(tmp_path, comfy
     vae, clip = encoders
     cfg = make_config(tmp_path / "run", comfy_root, demo_base, cache_dir, processes=2, steps=8, save_every=4,
                       learning_rate=5e-3)
-    cfg = _with_samples(cfg, _prompts_file(tmp_path / "prompts.safetensors", clip))
+    cfg = with_samples(cfg, _prompts_file(tmp_path / "prompts.safetensors", clip))
     run = run_to_end(cfg)
     samples = run.of("sample")
     assert [e["step"] for e in samples] == [4, 8], run.log()
@@ -101,7 +89,7 @@ def test_pipeline_stages_skip_samples_with_a_warning(tmp_path, comfy_root, demo_
     _, clip = encoders
     cfg = make_config(tmp_path / "pp", comfy_root, demo_base, cache_dir, processes=2,
                       memory=MemorySpec(pipeline_stages=2))
-    cfg = _with_samples(cfg, _prompts_file(tmp_path / "prompts.safetensors", clip))
+    cfg = with_samples(cfg, _prompts_file(tmp_path / "prompts.safetensors", clip))
     events = EventLog(cfg.run_dir)
     assert SampleRenderer.create(cfg, model=None, device=torch.device("cpu"), events=events, rank=0) is None
     (warning,) = [e for e in read_events(cfg.run_dir) if e["event"] == "warning"]
@@ -114,6 +102,6 @@ def test_bad_sample_settings_name_the_setting(tmp_path, comfy_root, demo_base, c
     missing = RunConfig.from_dict({**cfg.to_dict(), "sample": {"every": 5, "prompts_file": str(tmp_path / "none")}})
     with pytest.raises(ConfigError, match="sample.prompts_file"):
         missing.check_files()  # at each boundary (validation reads no file)
-    cfg = _with_samples(cfg, _prompts_file(tmp_path / "prompts.safetensors", clip), sampler="no_such_sampler")
+    cfg = with_samples(cfg, _prompts_file(tmp_path / "prompts.safetensors", clip), sampler="no_such_sampler")
     with pytest.raises(ConfigError, match="sample.sampler 'no_such_sampler'.*euler"):
         SampleRenderer(cfg, model=None, device=torch.device("cpu"), events=EventLog(cfg.run_dir))

@@ -5,6 +5,7 @@ import json
 
 import pytest
 
+from PipeTrain.engine.config import global_batch
 from PipeTrain.engine.config.checks import ConfigError
 from PipeTrain.engine.config.revisions import check_resume, record, result_changes, revisions
 
@@ -46,10 +47,31 @@ def test_another_dataset_is_a_change_a_moved_folder_is_not(tmp_path):
 
 
 def test_longer_runs_other_gpus_samples_and_checkpointing_are_fine(tmp_path):
-    record(tmp_path, BASE, 0)
+    record(tmp_path, changed(train__grad_accum=2), 0)
     assert check_resume(tmp_path, changed(train__steps=500, train__checkpoint_every=50, launch={"num_gpus": 2},
-                                          sample={"every": 10}, memory__activation_checkpointing="on",
-                                          resume=True)) == []
+                                          train__grad_accum=1, sample={"every": 10},
+                                          memory__activation_checkpointing="on", resume=True)) == []
+
+
+def test_another_gpu_count_must_keep_the_global_batch(tmp_path):
+    """engine/config/global_batch.py: grad_accum is judged by batch_size x grad_accum x replicas."""
+    record(tmp_path, changed(launch={"num_gpus": 2}), 0)  # 2 GPUs at grad_accum 1
+    assert check_resume(tmp_path, changed(train__grad_accum=2)) == []  # 1 GPU at 2: the same samples per step
+    with pytest.raises(ConfigError, match=r"global batch \(train\.batch_size x train\.grad_accum x .*launch\.num_gpus.*"
+                                          r"\): 2 -> 1\. To resume on another number of GPUs"):
+        check_resume(tmp_path, BASE)  # 1 GPU at grad_accum 1: half the batch
+    with pytest.raises(ConfigError, match=r"train\.grad_accum.*: 2 -> 6"):
+        check_resume(tmp_path, changed(launch={"num_gpus": 2}, train__grad_accum=3))  # same GPUs, other grad_accum
+    assert check_resume(tmp_path, {**BASE, "accept_changes": True}) == [(global_batch.NAME, 2, 1)]
+    # the replicas the engine counted win over the config's launch settings, at both starts
+    record(tmp_path, BASE, 4, replicas=4)
+    assert check_resume(tmp_path, changed(train__grad_accum=4)) == []
+    assert check_resume(tmp_path, BASE, replicas=4) == []
+    # nodes known only from a hostfile: grad_accum is compared as any setting
+    hosts = {"num_gpus": 2, "cluster": {"hostfile": "hosts"}}
+    record(tmp_path, changed(launch=hosts, train__grad_accum=1), 8)
+    with pytest.raises(ConfigError, match=r"train\.grad_accum: 1 -> 2"):
+        check_resume(tmp_path, changed(launch=hosts, train__grad_accum=2))
 
 
 def test_accepted_changes_are_returned_and_every_start_is_kept(tmp_path):
