@@ -4,6 +4,7 @@ from .cluster import PipeTrainCluster
 from .configure_lora import PipeTrainConfigureLoRA
 from .import_diffusion_pipe import PipeTrainImportDiffusionPipeConfig
 from .load_dataset import PipeTrainLoadDataset
+from .lora_grid import PipeTrainLoRAGrid
 from .memory_options import PipeTrainMemoryOptions
 from .objective_options import PipeTrainObjectiveOptions
 from .run_plots import PipeTrainLossPlot, PipeTrainSampleGrid
@@ -25,6 +26,7 @@ NODE_CLASS_MAPPINGS = {
     "PipeTrainSaveModel": PipeTrainSaveModel,
     "PipeTrainLossPlot": PipeTrainLossPlot,
     "PipeTrainSampleGrid": PipeTrainSampleGrid,
+    "PipeTrainLoRAGrid": PipeTrainLoRAGrid,
     "PipeTrainImportDiffusionPipeConfig": PipeTrainImportDiffusionPipeConfig,
 }
 
@@ -41,5 +43,6 @@ NODE_DISPLAY_NAME_MAPPINGS = {
     "PipeTrainSaveModel": "PipeTrain Save Model",
     "PipeTrainLossPlot": "PipeTrain Loss Plot",
     "PipeTrainSampleGrid": "PipeTrain Sample Grid",
+    "PipeTrainLoRAGrid": "PipeTrain LoRA Grid",
     "PipeTrainImportDiffusionPipeConfig": "PipeTrain Import diffusion-pipe Config",
 }

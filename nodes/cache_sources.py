@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..engine.config.checks import ConfigError
-from . import compat
+from .graph_links import linked, named_file
 
 # loader class -> {output index: (what it gives, [(input name, model folder), ...])}
 LOADERS: dict[str, dict[int, tuple[str, tuple[tuple[str, str], ...]]]] = {
@@ -31,19 +31,18 @@ FOLLOWED = ", ".join(LOADERS)
 
 def _source(prompt: dict, node_id: str, input_name: str) -> tuple[str, dict, int]:
     """(class, node, output index) of the node feeding `input_name` of node `node_id`."""
-    link = ((prompt.get(str(node_id)) or {}).get("inputs") or {}).get(input_name)
-    if not (isinstance(link, list) and len(link) == 2 and str(link[0]) in prompt):
+    found = linked(prompt, node_id, input_name)
+    if found is None:
         raise ConfigError(f"CacheLatents' {input_name} is not linked to a node in the queued graph, so gpus above 1 "
                           "cannot tell which file to load on each GPU: set gpus to 1.")
-    node = prompt[str(link[0])]
-    return str(node.get("class_type")), node, int(link[1])
+    _, node, output = found
+    return str(node.get("class_type")), node, output
 
 
 def _files(kind: str, node: dict, names: tuple[tuple[str, str], ...]) -> list[str]:
     out = []
     for input_name, folder in names:
-        name = (node.get("inputs") or {}).get(input_name)
-        path = compat.full_path(folder, name) if isinstance(name, str) else None
+        name, path = named_file(node, input_name, folder)
         if path is None:
             raise ConfigError(f"CacheLatents' {kind} comes from a {node.get('class_type')} whose {input_name} "
                               f"{name!r} is not a file in ComfyUI's models/{folder} folder, so the GPU processes "

@@ -105,6 +105,13 @@ def load_lora_onto_model(model, lora_path: str, strength: float):
     return patched
 
 
+def ksample(model, seed, steps, cfg, sampler_name, scheduler, positive, negative, latent):
+    """What a KSampler node draws (ComfyUI's nodes.common_ksampler, with its previews and interrupt): the LATENT."""
+    import nodes as comfy_nodes  # ComfyUI's nodes.py, loaded by the server before any custom node
+
+    return comfy_nodes.common_ksampler(model, seed, steps, cfg, sampler_name, scheduler, positive, negative, latent)[0]
+
+
 def load_diffusion_model(path: str):
     """A diffusion-model file as UNETLoader loads it (a MODEL: ComfyUI's ModelPatcher)."""
     import comfy.sd

@@ -14,7 +14,7 @@ from typing import Any
 
 from ..engine.config.base_loras import BaseLora
 from ..engine.config.checks import ConfigError
-from . import compat
+from .graph_links import linked, named_file
 
 MODEL_LOADERS = {"UNETLoader": ("unet_name", "diffusion_models"), "CheckpointLoaderSimple": ("ckpt_name", "checkpoints")}
 LORA_LOADERS = {"LoraLoaderModelOnly": "strength_model", "LoraLoader": "strength_model"}
@@ -32,16 +32,15 @@ class ModelSource:
 
 
 def _linked(prompt: dict, node_id: str, input_name: str, where: str) -> tuple[str, dict, int]:
-    link = ((prompt.get(str(node_id)) or {}).get("inputs") or {}).get(input_name)
-    if not (isinstance(link, list) and len(link) == 2 and str(link[0]) in prompt):
+    found = linked(prompt, node_id, input_name)
+    if found is None:
         raise ConfigError(f"{where}'s {input_name} is not linked to a node of the queued graph: connect it, or "
                           "disconnect Train Pipeline's model and pick model_name.")
-    return str(link[0]), prompt[str(link[0])], int(link[1])
+    return found
 
 
 def _file(node: dict, input_name: str, folder: str) -> str:
-    name = (node.get("inputs") or {}).get(input_name)
-    path = compat.full_path(folder, name) if isinstance(name, str) else None
+    name, path = named_file(node, input_name, folder)
     if path is None:
         raise ConfigError(f"Train Pipeline's model: {node.get('class_type')}'s {input_name} {name!r} is not a file in "
                           f"ComfyUI's models/{folder} folder (a value wired from another node cannot be followed): "
