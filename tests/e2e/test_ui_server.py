@@ -58,7 +58,7 @@ def test_samples_are_decoded_into_the_run_folder_and_shown_on_the_node(comfy_ser
 def test_eval_and_noise_range_inputs_reach_run_json_and_the_eval_runs(trained):
     _, run_dir, _ = trained
     cfg = json.loads((run_dir / "run.json").read_text(encoding="utf-8"))
-    assert cfg["eval"] == {"cache_dir": cfg["cache_dir"], "every": 6, "before_start": True, "seed": 0}
+    assert cfg["eval"] == {"cache_dir": cfg["cache_dir"], "every": 6, "before_start": True, "seed": 0, "early_stop": 0}
     assert (cfg["train"]["min_t"], cfg["train"]["max_t"]) == (0.02, 0.98)
     events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text(encoding="utf-8").splitlines()]
     evals = [e for e in events if e["event"] == "eval"]

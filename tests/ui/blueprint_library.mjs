@@ -21,13 +21,21 @@ try {
   // Blueprints load after the app starts (GET /global_subgraphs): search until the entry shows.
   const input = page.locator(".comfy-vue-node-search-container input, [role=dialog] input[type=text]").first();
   const hit = page.locator("[role=option], .p-autocomplete-option").filter({ hasText: name }).first();
-  const deadline = Date.now() + 60000;
-  while (Date.now() < deadline) {
+  // A double-click that opens no search (the page still busy on a loaded machine, a dialog in front) is
+  // retried after Escape; only the deadline ends the search.
+  const deadline = Date.now() + 90000;
+  let found = false;
+  while (!found && Date.now() < deadline) {
     await page.mouse.dblclick(800, 500);
-    await input.waitFor({ timeout: 10000 });
-    await input.fill(name);
-    if (await hit.waitFor({ timeout: 3000 }).then(() => true, () => false)) break;
-    await page.keyboard.press("Escape");
+    if (await input.waitFor({ timeout: 10000 }).then(() => true, () => false)) {
+      await input.fill(name);
+      found = await hit.waitFor({ timeout: 3000 }).then(() => true, () => false);
+    }
+    if (!found) await page.keyboard.press("Escape");
+  }
+  if (!found) {
+    await page.screenshot({ path: path.join(artifacts, "blueprint_search_failed.png") });
+    throw new Error(`the node search did not list ${name} within 90 s`);
   }
   summary.option = (await hit.textContent()).trim();
   await page.screenshot({ path: path.join(artifacts, "blueprint_search.png") });
