@@ -200,8 +200,8 @@ def train(cfg: RunConfig, device: torch.device, events: EventLog, phases: SetupP
     # Held-out eval loss at fixed noise (engine/train/eval_set.py): a collective, on every rank at the same steps.
     evaluator = EvalSet.create(cfg, objective, device, engine, pipelined)
 
-    # Eval history and best saved step (engine/best_step.py); every rank keeps it (the loss is all-reduced).
-    history = best_step.read(run_dir, start_step) if evaluator is not None else []
+    # Eval history and best saved step (engine/best_step.py): rank 0 keeps it and decides early stops.
+    history = best_step.read(run_dir, start_step) if evaluator is not None and rank == 0 else []
 
     def saved_file(step: int) -> str | None:
         """The LoRA file this step saves (saves come right after the eval of the same step)."""
@@ -215,13 +215,14 @@ def train(cfg: RunConfig, device: torch.device, events: EventLog, phases: SetupP
         if evaluator is None or not cfg.eval.due(step, total_steps):
             return False
         result = evaluator.run(engine, adapter if pipelined else None)
-        history = best_step.record(history, step, result["loss"], saved_file(step))
+        if rank == 0:
+            history = best_step.record(history, step, result["loss"], saved_file(step))
         # Rank 0 decides (its best.json is the full history; on a resume a rank on another node may have none).
         stopping = dist.any_true(rank == 0 and step > 0 and best_step.should_stop(history, cfg.eval.early_stop),
                                  device)
-        if stopping:  # the final file is saved at this step
-            history = best_step.attach_file(history, step, final.name)
         if rank == 0:
+            if stopping:  # the final file is saved at this step
+                history = best_step.attach_file(history, step, final.name)
             found = best_step.write(run_dir, history)
             report({**result, "best_step": found["step"], "best_eval_loss": found["eval_loss"],
                     "best_file": found["file"]}, step, events, tb)
@@ -309,14 +310,14 @@ def train(cfg: RunConfig, device: torch.device, events: EventLog, phases: SetupP
         stopped_early = evaluate(step)  # early_stop: ends the run normally (final LoRA) after this step
         if renderer is not None:
             renderer.maybe_render(step, total_steps, stop.requested)
-        if t.save_every and step % t.save_every == 0 and step < total_steps:
+        if saved_file(step) and step < total_steps:  # the final file is saved after the loop
             save_lora(step_file(step), step)
         cancel = dist.any_true(stop.requested(), device)
         if cancel or stopped_early or (t.checkpoint_every and step % t.checkpoint_every == 0) or step == total_steps:
             save_checkpoint(step)
         if stopped_early and not cancel:
-            message = best_step.stop_message(step, cfg.eval.early_stop, history)
             if rank == 0:
+                message = best_step.stop_message(step, cfg.eval.early_stop, history)
                 events.emit("early_stop", step=step, total=total_steps, message=message)
                 print(message, file=sys.stderr, flush=True)
             break
