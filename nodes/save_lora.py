@@ -53,30 +53,6 @@ def safe_lora_target(loras_root: str, name: str, what: str = "LoRA", folder: str
     return target
 
 
-def check_save_names(prompt: dict | None, train_node: str | None) -> None:
-    """Before training starts: refuse the run when a SaveLoRA fed by this TrainPipeline (`train_node`, its
-    id in the queued `prompt`) has a name that is not allowed, or one that is taken with overwrite off, so
-    the clash is found before the training instead of after it. A name or overwrite wired from another
-    node is only known when SaveLoRA runs, which then checks it."""
-    if not isinstance(prompt, dict) or train_node is None:
-        return
-    for node in prompt.values():
-        if not isinstance(node, dict) or node.get("class_type") != "PipeTrainSaveLoRA":
-            continue
-        inputs = node.get("inputs") or {}
-        run = inputs.get("run")
-        if not (isinstance(run, list) and run and str(run[0]) == str(train_node)):
-            continue  # fed by another TrainPipeline
-        name, overwrite = inputs.get("name"), inputs.get("overwrite", False)
-        if not isinstance(name, str):
-            continue
-        target = safe_lora_target(compat.first_folder("loras"), name)
-        if overwrite is False and target.exists():
-            raise ConfigError(f"SaveLoRA's name {name!r} is taken: {target} already exists and overwrite is off, so "
-                              "the LoRA could not be saved after training. Choose another name, or turn on "
-                              "SaveLoRA's overwrite to replace it. Nothing was trained.")
-
-
 def source_file(run, weights: str) -> Path:
     """The run's LoRA file of the chosen weights (plain, ema or best), refused with the fix when it is missing."""
     if weights not in WEIGHTS:

@@ -38,7 +38,7 @@ from .runs import (
     resume_run_dir,
     summary_text,
 )
-from .save_lora import check_save_names
+from .save_checks import RunOutputs, check_save_names
 from .step_pace import StepPace
 from . import legacy_prompts
 from .train_inputs import eval_inputs, sample_link_inputs
@@ -157,7 +157,6 @@ class PipeTrainTrainPipeline:
         if not model_path:
             raise ConfigError(f"model_name {model_name!r} is not in ComfyUI's diffusion_models or checkpoints "
                               "folders: put the file there and refresh, or pick another.")
-        check_save_names(prompt, unique_id)  # a taken LoRA name is found now, not after training
         train = TrainSpec(steps=steps, epochs=float(epochs), learning_rate=float(learning_rate), scheduler=scheduler,
                           warmup_steps=warmup_steps, batch_size=batch_size, grad_accum=grad_accum, seed=seed,
                           save_every=save_every, checkpoint_every=checkpoint_every,
@@ -175,6 +174,9 @@ class PipeTrainTrainPipeline:
                         monitor=monitor_spec(o.wandb_project, o.wandb_run_name, o.wandb_mode, o.wandb_entity),
                         base_loras=base_loras)
         cfg.validate()  # every setting and rule, once (reads no file); each rank validates run.json again
+        # a taken name or a save node this run cannot feed is found now, not after training
+        check_save_names(prompt, unique_id, RunOutputs(full=lora.kind == "full", ema=train.ema_decay > 0,
+                                                       eval=cfg.eval.enabled or resume != RESUME_OFF))
         cfg.check_files()  # before any folder is made; the samples' prompts file is written below
         cuda = check_devices(launch)
         check_cache_opens(cache.cache_dir)

@@ -66,3 +66,14 @@ def test_a_taken_lora_name_stops_the_run_before_training(comfy_server, demo_base
     assert not list(runs.glob("taken_name_run*")), "a run folder was made: training started"
     assert taken.read_bytes() == b"a LoRA the user made"
     assert time.monotonic() - start < 120
+
+
+def test_save_lora_on_a_full_fine_tune_stops_the_run_before_training(comfy_server, demo_base):
+    prompt = demo_prompt(demo_base, steps=200, processes=1, run_name="full_into_save_lora")
+    _inputs(prompt, "PipeTrainConfigureLoRA")["adapter"] = "full"
+    with pytest.raises(ComfyError) as err:
+        comfy_server.run(prompt, timeout=300)
+    message = str(err.value)
+    assert "(PipeTrainTrainPipeline)" in message and "Connect PipeTrain Save Model instead" in message, message
+    runs = Path(demo_base["base_dir"]) / "output" / "pipetrain"
+    assert not list(runs.glob("full_into_save_lora*")), "a run folder was made: training started"

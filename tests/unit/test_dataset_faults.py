@@ -25,7 +25,7 @@ from PipeTrain.engine.data.scan import (
     scan_dataset,
 )
 import PipeTrain.nodes.load_dataset as load_node
-import PipeTrain.nodes.save_lora as save_node
+import PipeTrain.nodes.save_checks as save_node
 
 
 def _png(path, colour=(200, 30, 30), size=(64, 64)):
