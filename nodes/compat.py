@@ -28,6 +28,23 @@ def filenames(folder: str) -> list[str]:
         return []
 
 
+def gguf_filenames() -> list[str]:
+    """The .gguf files under ComfyUI's diffusion_models folders (ComfyUI lists no .gguf; ComfyUI-GGUF's
+    `unet_gguf` list is the same files where that pack is installed), as names full_path finds there."""
+    try:
+        import folder_paths
+
+        roots = folder_paths.get_folder_paths("diffusion_models")
+    except Exception:  # outside ComfyUI
+        return []
+    names: set[str] = set()
+    for root in roots:
+        for folder, _, files in os.walk(root, followlinks=True):
+            names.update(os.path.relpath(os.path.join(folder, f), root).replace(os.sep, "/")
+                         for f in files if f.lower().endswith(".gguf"))
+    return sorted(names)
+
+
 def full_path(folder: str, name: str) -> str | None:
     import folder_paths
 

@@ -16,7 +16,10 @@ from ..engine.config.base_loras import BaseLora
 from ..engine.config.checks import ConfigError
 from .graph_links import linked, named_file
 
-MODEL_LOADERS = {"UNETLoader": ("unet_name", "diffusion_models"), "CheckpointLoaderSimple": ("ckpt_name", "checkpoints")}
+MODEL_LOADERS = {"UNETLoader": ("unet_name", "diffusion_models"), "CheckpointLoaderSimple": ("ckpt_name", "checkpoints"),
+                 # ComfyUI-GGUF's loaders: their names are files of the diffusion_models folders
+                 "UnetLoaderGGUF": ("unet_name", "diffusion_models"),
+                 "UnetLoaderGGUFAdvanced": ("unet_name", "diffusion_models")}
 LORA_LOADERS = {"LoraLoaderModelOnly": "strength_model", "LoraLoader": "strength_model"}
 FOLLOWED = ", ".join([*MODEL_LOADERS, *LORA_LOADERS])
 

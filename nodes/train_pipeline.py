@@ -61,7 +61,7 @@ def _stop_all_runs() -> None:
 
 
 def _model_names() -> list[str]:
-    return compat.filenames("diffusion_models") + compat.filenames("checkpoints")
+    return compat.filenames("diffusion_models") + compat.gguf_filenames() + compat.filenames("checkpoints")
 
 
 class PipeTrainTrainPipeline:
@@ -80,7 +80,9 @@ class PipeTrainTrainPipeline:
             "required": {
                 "model_name": (_model_names(), {"tooltip":
                                "The model to train, from ComfyUI's diffusion_models (first) or checkpoints folders. "
-                               "It is loaded by the training processes with ComfyUI's own loader."}),
+                               "It is loaded by the training processes with ComfyUI's own loader. GGUF files "
+                               "(.gguf, as ComfyUI-GGUF loads them) are listed too: a LoRA trains on them with "
+                               "their weights kept quantized."}),
                 "cache": (CACHE, {"tooltip": "The encoded dataset from PipeTrain Cache Latents."}),
                 "lora": (LORA, {"tooltip": "LoRA settings from PipeTrain Configure LoRA."}),
                 "memory": (MEMORY, {"tooltip": "Memory/speed settings from PipeTrain Memory Options."}),

@@ -79,3 +79,15 @@ def data_parallel_size(gpus: int, stages: int, nodes: int = 1) -> int:
           "on every node) divisible by pipeline_stages, or change memory.pipeline_stages (e.g. 2 stages on 2, "
           "4 or 8 GPUs).")
     return gpus // stages
+
+
+def check_gguf_base(model_path: str, lora: "LoraSpec", memory: "MemorySpec", merged_loras: int) -> None:
+    """A GGUF base (engine/models/gguf_base.py) keeps its quantized weights frozen as they are."""
+    if not str(model_path).lower().endswith(".gguf"):
+        return
+    check(lora.kind != "full", f"{model_path} is a GGUF file: its quantized weights cannot be fine-tuned. Train a "
+          "LoRA (Configure LoRA's adapter 'lora'), or fine-tune the .safetensors file of the model.")
+    check(merged_loras == 0, f"base_loras cannot be merged into the quantized weights of the GGUF file {model_path}: "
+          "train on the .safetensors file, or remove the LoRA loaders from Train Pipeline's model.")
+    check(not memory.base_dtype.startswith("float8"), f"{model_path} is a GGUF file, already quantized: set memory "
+          "base_dtype to auto (or bfloat16) for it.")

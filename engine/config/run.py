@@ -32,6 +32,7 @@ from .objective import ObjectiveSpec
 from .revisions import keep_run_settings
 from .rules import (
     check_full_finetune,
+    check_gguf_base,
     check_objective_settings,
     check_optimizer_settings,
     check_pipeline_backend,
@@ -75,6 +76,7 @@ class RunConfig:
         check_objective_settings(self.objective, self.train)
         check_pipeline_backend(self.memory, self.launch)
         check_full_finetune(self.lora, self.memory, self.train)
+        check_gguf_base(self.model_path, self.lora, self.memory, len(self.base_loras))
         nodes = self.launch.nodes()  # with a hostfile, engine/launch/cluster.py checks this once it is read
         if nodes:
             data_parallel_size(nodes * self.launch.num_gpus, self.memory.pipeline_stages, nodes)

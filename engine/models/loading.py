@@ -5,6 +5,8 @@ import torch
 from torch import nn
 
 from ..config.run import RunConfig
+from .gguf_base import load_gguf_patcher
+from .gguf_file import GGUFError, is_gguf
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
            "float8_e4m3fn": torch.float8_e4m3fn, "float8_e5m2": torch.float8_e5m2}
@@ -37,7 +39,12 @@ def load_base_model(cfg: RunConfig, device: torch.device) -> nn.Module:
         # patcher, which PipeTrain's own placement (block swap, DeepSpeed) must not meet.
         dynamic = {"disable_dynamic": True} if "disable_dynamic" in inspect.signature(
             comfy.sd.load_diffusion_model).parameters else {}
-        patcher = comfy.sd.load_diffusion_model(cfg.model_path, model_options=options, **dynamic)
+        if is_gguf(cfg.model_path):  # quantized linears stay quantized (engine/models/gguf_base.py)
+            patcher = load_gguf_patcher(cfg.model_path, options)
+        else:
+            patcher = comfy.sd.load_diffusion_model(cfg.model_path, model_options=options, **dynamic)
+    except GGUFError as e:
+        raise ModelLoadError(str(e)) from None
     except RuntimeError as e:
         raise ModelLoadError(
             f"ComfyUI does not recognise {cfg.model_path} as a diffusion model ({str(e).splitlines()[0]}). "
