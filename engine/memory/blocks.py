@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from torch import nn
 
+from ..linear_layers import is_linear
+
 
 def _is_timestep_sequential(module: nn.Module) -> bool:
     # UNet containers (TimestepEmbedSequential) subclass nn.Sequential; embedders use it plainly.
@@ -22,7 +24,7 @@ def _holds_blocks(container: nn.Module) -> bool:
     # counting them would put them into block swap's schedule and the block LoRA targets.
     items = list(container.values() if isinstance(container, nn.ModuleDict) else container)
     return bool(items) and all(_is_timestep_sequential(item)  # UNet levels (a level may be just a conv)
-                               or sum(isinstance(m, nn.Linear) for m in item.modules()) >= 2 for item in items)
+                               or sum(is_linear(m) for m in item.modules()) >= 2 for item in items)
 
 
 def block_roots(diffusion_model: nn.Module) -> list[str]:

@@ -38,6 +38,20 @@ class MemoryPlan:
         return self.swapper.all_resident()
 
 
+def check_plain_weights(diffusion_model: nn.Module) -> None:
+    """Block swap packs each block's tensors into one byte buffer: weights that are tensor subclasses (the
+    QuantizedTensor of a quantized file's layers, ComfyUI 0.33+) cannot be packed."""
+    from ..config.checks import ConfigError
+
+    for block in blocks(diffusion_model):
+        for name, param in block.named_parameters():
+            if type(param.data) is not torch.Tensor:
+                raise ConfigError(f"block_swap on a quantized model file: {name} holds a {type(param.data).__name__} "
+                                  "(ComfyUI's quantized layers), which block swap cannot move. Set block_swap to 0 "
+                                  "(a quantized model already needs less memory), or train on the full-precision "
+                                  "file with base_dtype float8_e4m3fn and block swap.")
+
+
 def enable_activation_checkpointing(diffusion_model: nn.Module) -> int:
     """Recompute each block's activations in backward instead of storing them (non-reentrant, per
     block). Returns how many modules were wrapped."""
@@ -63,6 +77,7 @@ def apply_memory_options(model: nn.Module, spec: MemorySpec, device: torch.devic
         from .block_swap import BlockSwapper
 
         check_block_swap(spec.block_swap, spec.pipeline_stages)  # device is None only for pipeline stages
+        check_plain_weights(dm)
         plan.swapper = BlockSwapper(blocks(dm), spec.block_swap, device, prefetch=prefetch,
                                     checkpointed=spec.activation_checkpointing != "off")
     if spec.activation_checkpointing != "off":

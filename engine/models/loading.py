@@ -72,9 +72,11 @@ def load_base_model(cfg: RunConfig, device: torch.device) -> nn.Module:
 
 def is_quantized_file(model: nn.Module) -> bool:
     """Whether ComfyUI loaded the file as a quantized one (fp8_scaled and the like): 0.3.x marks it
-    with model_config.scaled_fp8, 0.33 and later with model_config.quant_config."""
+    with model_config.scaled_fp8 (fp8_scaled) or layer_quant_config (mixed precision), 0.33 and later with
+    model_config.quant_config."""
     config = model.model_config
-    return getattr(config, "scaled_fp8", None) is not None or bool(getattr(config, "quant_config", None))
+    return getattr(config, "scaled_fp8", None) is not None or bool(getattr(config, "quant_config", None)) or \
+        bool(getattr(config, "layer_quant_config", None))
 
 
 def fp8_weight_names(diffusion_model: nn.Module) -> set[str]:

@@ -26,6 +26,8 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from ..linear_layers import is_linear
+
 PROBE_RANK = 2
 _SEED = 1234
 
@@ -103,8 +105,8 @@ class _ProbeLoRA:
     def __init__(self, block: nn.Module):
         self.params: list[torch.Tensor] = []
         self._weights: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-        self._handles = [m.register_forward_hook(self._hook) for m in block.modules() if isinstance(m, nn.Linear)]
-        self._order = {id(m): i for i, m in enumerate(m for m in block.modules() if isinstance(m, nn.Linear))}
+        self._handles = [m.register_forward_hook(self._hook) for m in block.modules() if is_linear(m)]
+        self._order = {id(m): i for i, m in enumerate(m for m in block.modules() if is_linear(m))}
 
     def _hook(self, module, args, output):
         x = args[0] if args else None

@@ -58,6 +58,19 @@ def peft_config(spec: LoraSpec, target_modules: str):
     raise ConfigError(f"lora.kind is {spec.kind!r}: choose lora, loha, lokr or dora.")
 
 
+def wrap_like_linear(config, spec: LoraSpec, layer_types: set[type]) -> None:
+    """Tell peft to give `layer_types` (linear layers that are not nn.Linear: ComfyUI's quantized Linear) its
+    own LoRA Linear, which calls the layer and adds the adapter. LoRA only: the other kinds read the base
+    weight as a plain tensor."""
+    from peft.tuners.lora.layer import Linear as LoraLinear
+
+    if spec.kind != "lora":
+        raise ConfigError(f"lora.kind {spec.kind!r} on a quantized model file: its layers hold quantized weights "
+                          "(ComfyUI's mixed-precision format), which only a plain LoRA trains on. Choose adapter "
+                          "'lora', or train on the full-precision file.")
+    config._register_custom_module({t: LoraLinear for t in layer_types})
+
+
 @functools.cache
 def _adapter_pattern() -> re.Pattern:
     """'.<attribute>.default' for every attribute peft keeps adapter weights in (its layers' own lists)."""

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from ..atomic_files import write_safetensors
+from ..linear_layers import is_linear, other_linear_types
 from ..config.checks import ConfigError
 from ..config.sections import LoraSpec
 from ..memory.blocks import block_roots
@@ -36,7 +37,7 @@ def select_lora_targets(diffusion_model: nn.Module, spec: LoraSpec) -> list[str]
     regex = re.compile(spec.target_regex) if spec.target_regex else None
     targets = []
     for name, module in diffusion_model.named_modules():
-        if not isinstance(module, nn.Linear) or not name.startswith(roots):
+        if not is_linear(module) or not name.startswith(roots):
             continue
         parts = name.split(".")
         is_attention = any(_ATTENTION.search(p) for p in parts) or (
@@ -68,6 +69,9 @@ def inject_lora(diffusion_model: nn.Module, spec: LoraSpec) -> list[str]:
     # peft full-matches names exactly these paths.
     exact = "|".join(re.escape(t) for t in targets)
     config = adapter_kinds.peft_config(spec, f"(?:{exact})")
+    quantized = other_linear_types(diffusion_model.get_submodule(t) for t in targets)
+    if quantized:  # a quantized file's layers (ComfyUI 0.33+): peft wraps them as it wraps nn.Linear
+        adapter_kinds.wrap_like_linear(config, spec, quantized)
     inject_adapter_in_model(config, diffusion_model, adapter_name=adapter_kinds.ADAPTER)
     dtype = torch.bfloat16 if spec.dtype == "bfloat16" else torch.float32
     for name, param in diffusion_model.named_parameters():
