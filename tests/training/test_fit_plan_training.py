@@ -1,0 +1,94 @@
+"""memory.plan 'fit' on the real engine loop (in-process, CPU, the tiny Wan): the probe measures the run's
+own model, the plan is an event and a file, the first step is measured against it, and a cap below the
+weights stops the run before step 1 with the planner's message. The CPU "VRAM" is the meter's count of
+bytes allocated (engine/memory/meter.py), so caps are a few MiB."""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+import memory_runs
+import tiny_wan
+from PipeTrain.engine.events import EventTail
+from PipeTrain.engine.train.fit_setup import PLAN_FILE, NothingFits
+
+MIB = 2**20
+
+
+@pytest.fixture(scope="module")
+def wan(comfy_root, tmp_path_factory):
+    from PipeTrain.engine.launch.comfy_bootstrap import import_comfy
+
+    import_comfy(comfy_root)
+    root = tmp_path_factory.mktemp("fit-wan")
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield str(tiny_wan.write_model(root / "tiny_wan.safetensors")), tiny_wan.write_cache(root / "data", items=4)
+    torch.set_num_threads(before)
+
+
+def _config(wan, comfy_root, run_dir: Path, vram_gib: float, steps: int = 4):
+    base = memory_runs.wan_config(run_dir, comfy_root, *wan, steps=steps, batch_size=4, learning_rate=1e-2)
+    return memory_runs.with_memory(base, run_dir, plan="fit", vram_gib=vram_gib, vram_margin=0.0)
+
+
+def _event(run, kind: str) -> dict:
+    found = [e for e in run.events if e["event"] == kind]
+    assert len(found) == 1, [e["event"] for e in run.events]
+    return found[0]
+
+
+@pytest.fixture(scope="module")
+def generous(wan, comfy_root, tmp_path_factory):
+    """A 1 GiB cap: far above anything the tiny model needs."""
+    return memory_runs.train_in_process(_config(wan, comfy_root, tmp_path_factory.mktemp("fit-big") / "run", 1.0))
+
+
+def test_a_generous_cap_keeps_the_fastest_settings(generous):
+    plan = _event(generous, "memory_plan")
+    assert plan["chosen"]["checkpointing"] == "off" and plan["chosen"]["block_swap"] == 0, plan["chosen"]
+    assert plan["chosen"]["optimizer"] == "adamw" and not plan["chosen"]["fp8"]  # float32 was asked for: kept
+    saved = json.loads((Path(generous.cfg.run_dir) / PLAN_FILE).read_text())
+    assert saved["chosen"] == plan["chosen"] and saved["figures"]["blocks"] == tiny_wan.WAN_CONFIG["num_layers"]
+    acts = saved["figures"]["activation_gib"]
+    assert acts["on"] < acts["off"], acts  # checkpointing measured as saving memory on this model
+    assert all(math.isfinite(x) for x in generous.losses())
+
+
+def _need(figures: dict, mode: str) -> float:
+    return (figures["weights_gib"] + figures["trainable_gib"] + figures["optimizer_state_gib"]["adamw"]
+            + figures["activation_gib"][mode])
+
+
+def test_a_cap_below_the_measured_peak_turns_savings_on_and_the_run_stays_under_it(generous, wan, comfy_root,
+                                                                                   tmp_path):
+    figures = json.loads((Path(generous.cfg.run_dir) / PLAN_FILE).read_text())["figures"]
+    cap = (_need(figures, "off") + _need(figures, "on")) / 2  # between the two measured needs
+    run = memory_runs.train_in_process(_config(wan, comfy_root, tmp_path / "run", cap))
+    chosen = _event(run, "memory_plan")["chosen"]
+    assert chosen["checkpointing"] != "off" or chosen["block_swap"] > 0, chosen
+    assert chosen["peak_gib"] <= cap
+    check = _event(run, "memory_plan_check")
+    assert check["step"] == 1 and 0 < check["measured_peak_gib"] <= cap, (check, cap)
+    assert len(run.losses()) == 4 and all(math.isfinite(x) for x in run.losses())
+    assert not [e for e in run.events if e["event"] == "warning"]
+
+
+def test_a_cap_below_the_weights_stops_before_step_1(generous, wan, comfy_root, tmp_path):
+    figures = json.loads((Path(generous.cfg.run_dir) / PLAN_FILE).read_text())["figures"]
+    cap = 0.001  # ~1 MiB: even with every block swapped, the rest of the weights does not fit
+    assert cap < figures["weights_gib"] - figures["blocks"] * figures["largest_block_gib"]
+    cfg = _config(wan, comfy_root, tmp_path / "run", cap)
+    with pytest.raises(NothingFits) as err:
+        memory_runs.train_in_process(cfg)
+    message = str(err.value)
+    assert f"nothing fits in {cap} GiB per GPU" in message
+    assert "smallest need measured is" in message and "vram_gib" in message and "pipeline_stages" in message
+    events = EventTail(cfg.run_dir).read_new()
+    assert not [e for e in events if e["event"] in ("started", "step")]
+    plan = [e for e in events if e["event"] == "memory_plan"]
+    assert plan and plan[0]["chosen"] is None and plan[0]["message"] == message
