@@ -3,13 +3,14 @@
 Counted from the tensors: the frozen weights on the device, each block's share (block swap), what an
 fp8 base saves (block linear weights at 1 byte), the LoRA weights and each optimizer's state (bytes
 per LoRA weight, engine/config/choices.py OPTIMIZER_NOTES). Measured: the peak above the weights and
-the time of real forward + backward passes on the largest batch, once per checkpointing mode (the
+the time of real forward + backward passes on the largest batch, per checkpointing mode (the
 blocks wrapped for the measurement and unwrapped after, gradients dropped: the run starts untouched),
 and the host -> device copy rate of the largest block. A measurement that runs out of GPU memory is
 recorded as not fitting. The probe needs the model's frozen weights on the device once.
 """
 from __future__ import annotations
 
+import gc
 import importlib.util
 import os
 import time
@@ -74,24 +75,24 @@ def budget_bytes(vram_gib: float, device: torch.device) -> int:
 
 def measure_mode(diffusion_model: nn.Module, mode: str, run_step: Callable[[], None], trainable: list[torch.Tensor],
                  device: torch.device, repeats: int = 1) -> tuple[int | None, float]:
-    """(peak bytes above the start, seconds of the last pass) of `repeats` forward + backward passes with
-    the blocks checkpointed in `mode`; (None, 0) when the GPU ran out of memory."""
+    """(peak bytes above the start, seconds of the last pass) of 1 + `repeats` forward + backward passes with
+    the blocks checkpointed in `mode` (the first pass pays one-time costs: it counts for the peak, not the
+    time); (None, 0) when the GPU ran out of memory."""
     from .activation_checkpointing import enable_checkpointing
 
     all_blocks = blocks(diffusion_model)
     forwards = [b.__dict__.get("forward") for b in all_blocks]  # None: the class's own forward
-    meter, peak = PeakMeter(device), 0
+    meter, peak, out_of_memory = PeakMeter(device), 0, False
     try:
         if mode != "off":
             enable_checkpointing(diffusion_model, mode)
-        for _ in range(repeats):
+        for _ in range(1 + repeats):
             with meter.measuring():
                 run_step()
             peak = max(peak, meter.peak)
             _drop_grads(trainable)
-        return peak, meter.seconds
     except torch.cuda.OutOfMemoryError:
-        return None, 0.0
+        out_of_memory = True  # handled below, once the exception (and the activations its frames hold) is gone
     finally:
         for block, forward in zip(all_blocks, forwards):
             if forward is None:
@@ -99,8 +100,10 @@ def measure_mode(diffusion_model: nn.Module, mode: str, run_step: Callable[[], N
             else:
                 block.forward = forward
         _drop_grads(trainable)
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
+    if device.type == "cuda":
+        gc.collect()
+        torch.cuda.empty_cache()
+    return (None, 0.0) if out_of_memory else (peak, meter.seconds)
 
 
 def _drop_grads(trainable: list[torch.Tensor]) -> None:
@@ -135,8 +138,6 @@ def probe(model: nn.Module, run_step: Callable[[], None], device: torch.device, 
     trainable = [p for p in model.parameters() if p.requires_grad]
     weights = sum(p.numel() for p in trainable)
     optimizers = {optimizer} | ({EIGHT_BIT} if optimizer == "adamw" and eight_bit_available(device) else set())
-    run_step()  # unmeasured: the first pass pays one-time costs (allocator pools, lazy inits, kernel choices)
-    _drop_grads(trainable)
     measured = {m: measure_mode(dm, m, run_step, trainable, device, repeats) for m in modes}
     largest = max(all_blocks, key=frozen_bytes)
     return Figures(weights=frozen_bytes(model), block_weights=tuple(frozen_bytes(b) for b in all_blocks),

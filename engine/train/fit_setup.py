@@ -49,7 +49,7 @@ def fit_memory(cfg: RunConfig, model: torch.nn.Module, dataset, device: torch.de
     def run_step() -> None:
         objective(latents, conds, list(range(len(conds)))).backward()
 
-    repeats = 2 if device.type == "cuda" else 1  # on a GPU the first pass also warms kernels up
+    repeats = 2 if device.type == "cuda" else 1  # timed passes per mode, after one that warms up
     figures = agree(fit_probe.probe(model, run_step, device, cfg.memory.optimizer, offer_fp8(cfg, model),
                                     repeats=repeats), device)
     budget = -int(dist_max([-fit_probe.budget_bytes(cfg.memory.vram_gib, device)], device)[0])  # the smallest GPU's

@@ -68,7 +68,8 @@ def test_every_input_has_a_tooltip_and_new_ones_are_optional():
     inputs = PipeTrainMemoryOptions.INPUT_TYPES()
     assert set(inputs["required"]) == {"activation_checkpointing", "optimizer", "base_dtype", "pipeline_stages"}
     assert {"block_swap", "compile_blocks", "expandable_segments", "compile_mode"} <= set(inputs["optional"])
-    assert list(inputs["optional"])[-1] == "compile_mode"  # saved workflows store widgets by position
+    # saved workflows store widgets by position: the fit plan's inputs came after compile_mode
+    assert list(inputs["optional"])[-4:] == ["compile_mode", "plan", "vram_gib", "vram_margin"]
     for section in inputs.values():
         for name, (_, options) in section.items():
             assert len(options.get("tooltip", "")) > 40, name
@@ -84,6 +85,13 @@ def test_saved_workflows_with_the_old_boolean_still_validate_and_run(saved, mode
     assert PipeTrainMemoryOptions.VALIDATE_INPUTS(activation_checkpointing=saved) is True
     (spec,) = PipeTrainMemoryOptions().configure(saved, "adamw", "auto", 1)  # optional inputs left out
     assert spec == MemorySpec(activation_checkpointing=mode)
+
+
+def test_the_fit_plan_inputs_reach_the_memory_settings():
+    (spec,) = PipeTrainMemoryOptions().configure("off", "adamw", "auto", 1, plan="fit", vram_gib=24, vram_margin=0.15)
+    assert (spec.plan, spec.vram_gib, spec.vram_margin) == ("fit", 24.0, 0.15)
+    with pytest.raises(ConfigError, match="memory.plan is 'fit' with pipeline_stages 2"):
+        PipeTrainMemoryOptions().configure("off", "adamw", "auto", 2, plan="fit")
 
 
 def test_node_refuses_bad_values_with_the_setting_named():
