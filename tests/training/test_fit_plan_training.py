@@ -4,8 +4,10 @@ weights stops the run before step 1 with the planner's message. The CPU "VRAM" i
 bytes allocated (engine/memory/meter.py), so caps are a few MiB."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
+import shutil
 from pathlib import Path
 
 import pytest
@@ -92,3 +94,21 @@ def test_a_cap_below_the_weights_stops_before_step_1(generous, wan, comfy_root, 
     assert not [e for e in events if e["event"] in ("started", "step")]
     plan = [e for e in events if e["event"] == "memory_plan"]
     assert plan and plan[0]["chosen"] is None and plan[0]["message"] == message
+
+
+def test_a_resumed_fit_run_reuses_its_saved_plan(generous, tmp_path):
+    """The saved plan is what the checkpoint trained with: a resume takes it as it is, even with a budget
+    that would now fit nothing (vram_gib is no result-changing setting)."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(generous.cfg.run_dir, run_dir)
+    cfg = memory_runs.with_memory(generous.cfg, run_dir, vram_gib=0.001)
+    cfg = dataclasses.replace(cfg, resume=True, train=dataclasses.replace(cfg.train, steps=6))
+    cfg.save(run_dir / "run.json")
+    before = len(EventTail(run_dir).read_new())
+    run = memory_runs.train_in_process(cfg)
+    new = run.events[before:]
+    plans = [e for e in new if e["event"] == "memory_plan"]
+    assert len(plans) == 1 and plans[0]["reused"] is True, plans
+    assert plans[0]["chosen"] == _event(generous, "memory_plan")["chosen"]
+    steps = [e["step"] for e in new if e["event"] == "step"]
+    assert steps == [5, 6], steps
