@@ -2,7 +2,9 @@
 
 CUDA: the caching allocator's own counters (max_memory_allocated after a reset). CPU: the profiler's
 allocation records, whose running total follows every allocation and free of the CPU allocator while
-it records, so CPU tests can plan against a cap of a few MiB on a tiny model. Either way the figure is
+it records (counted from its value at the first record: the total carries on from earlier recordings,
+whose tensors freed outside a recording were never subtracted), so CPU tests can plan against a cap of
+a few MiB on a tiny model. Either way the figure is
 the peak above what was allocated when measuring began; `device_bytes` counts what a model holds on
 the device (what was there before).
 """
@@ -56,19 +58,25 @@ class PeakMeter:
             return
         self.seconds = time.perf_counter() - self._began
         self._profile.stop()
-        self.peak = max([0] + [total for _, total in _allocations(self._profile)])
+        events = _allocations(self._profile)
         self._profile = None
+        if events:  # the reporter's total runs on across recordings: count from where this one began
+            _, first_total, first_size = events[0]
+            self.peak = max(0, max(total for _, total, _ in events) - (first_total - first_size))
+        else:
+            self.peak = 0
 
 
-def _allocations(prof) -> list[tuple[int, int]]:
-    """(time, allocator total since recording began) of each CPU allocation or free the profile saw."""
+def _allocations(prof) -> list[tuple[int, int, int]]:
+    """(time, the allocator reporter's running total after it, bytes: negative for a free) of each CPU
+    allocation or free the profile saw, in time order."""
     from torch._C._profiler import _EventType
 
     out, stack = [], list(prof.profiler.kineto_results.experimental_event_tree())
     while stack:
         event = stack.pop()
         if event.tag == _EventType.Allocation and event.extra_fields.device.type == "cpu":
-            out.append((event.start_time_ns, event.extra_fields.total_allocated))
+            out.append((event.start_time_ns, event.extra_fields.total_allocated, event.extra_fields.alloc_size))
         stack.extend(event.children)
     return sorted(out)
 

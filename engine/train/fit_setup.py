@@ -49,15 +49,7 @@ def fit_memory(cfg: RunConfig, model: torch.nn.Module, dataset, device: torch.de
     def run_step() -> None:
         objective(latents, conds, list(range(len(conds)))).backward()
 
-    repeats = 2 if device.type == "cuda" else 1  # timed passes per mode, after one that warms up
-    figures = agree(fit_probe.probe(model, run_step, device, cfg.memory.optimizer, offer_fp8(cfg, model),
-                                    repeats=repeats), device)
-    budget = -int(dist_max([-fit_probe.budget_bytes(cfg.memory.vram_gib, device)], device)[0])  # the smallest GPU's
-    result = fit_plan.plan(figures, budget, cfg.memory.vram_margin, cfg.memory.optimizer)
-    if device.type == "cuda" and (result.chosen is None or result.chosen.block_swap):
-        # offloaded block inputs might fit with less swapping: measured only when it could matter
-        figures = agree(fit_probe.with_mode(figures, model, "cpu_offload", run_step, device, repeats), device)
-        result = fit_plan.plan(figures, budget, cfg.memory.vram_margin, cfg.memory.optimizer)
+    result, figures = plan_from_probe(model, run_step, device, cfg.memory, offer_fp8(cfg, model))
     record = {**result.to_dict(), "figures": figures_record(figures)}
     if dist.rank() == 0:
         write_text(path, json.dumps(record, indent=1))
@@ -65,6 +57,21 @@ def fit_memory(cfg: RunConfig, model: torch.nn.Module, dataset, device: torch.de
     if result.chosen is None:
         raise NothingFits(result.message)
     return chosen_spec(cfg.memory, record["chosen"]), record
+
+
+def plan_from_probe(model: torch.nn.Module, run_step, device: torch.device, memory: MemorySpec,
+                    fp8: bool) -> tuple[fit_plan.FitPlan, fit_plan.Figures]:
+    """Probe (engine/memory/fit_probe.py), agree over the ranks, plan; on a GPU also measure cpu_offload when
+    the plan needs block swap or nothing fits (offloaded block inputs may fit with less swapping).
+    `run_step`: one forward + backward on the largest batch. benchmarks/fit_plan.py calls this too."""
+    repeats = 2 if device.type == "cuda" else 1  # timed passes per mode, after one that warms up
+    figures = agree(fit_probe.probe(model, run_step, device, memory.optimizer, fp8, repeats=repeats), device)
+    budget = -int(dist_max([-fit_probe.budget_bytes(memory.vram_gib, device)], device)[0])  # the smallest GPU's
+    result = fit_plan.plan(figures, budget, memory.vram_margin, memory.optimizer)
+    if device.type == "cuda" and (result.chosen is None or result.chosen.block_swap):
+        figures = agree(fit_probe.with_mode(figures, model, "cpu_offload", run_step, device, repeats), device)
+        result = fit_plan.plan(figures, budget, memory.vram_margin, memory.optimizer)
+    return result, figures
 
 
 def chosen_spec(spec: MemorySpec, chosen: dict) -> MemorySpec:
@@ -131,11 +138,11 @@ def agree(f: fit_plan.Figures, device: torch.device) -> fit_plan.Figures:
 
 def figures_record(f: fit_plan.Figures) -> dict:
     gib = fit_plan.GIB
-    return {"weights_gib": round(f.weights / gib, 4), "trainable_gib": round(f.trainable / gib, 4),
-            "blocks": len(f.block_weights), "largest_block_gib": round(max(f.block_weights, default=0) / gib, 4),
-            "fp8_saving_gib": round(f.fp8_saving / gib, 4),
-            "optimizer_state_gib": {o: round(b / gib, 4) for o, b in f.optimizer_state.items()},
-            "activation_gib": {m: None if a is None else round(a / gib, 4) for m, a in f.activations.items()},
+    return {"weights_gib": round(f.weights / gib, 6), "trainable_gib": round(f.trainable / gib, 6),
+            "blocks": len(f.block_weights), "largest_block_gib": round(max(f.block_weights, default=0) / gib, 6),
+            "fp8_saving_gib": round(f.fp8_saving / gib, 6),
+            "optimizer_state_gib": {o: round(b / gib, 6) for o, b in f.optimizer_state.items()},
+            "activation_gib": {m: None if a is None else round(a / gib, 6) for m, a in f.activations.items()},
             "seconds": {m: round(s, 4) for m, s in f.seconds.items()},
             "copy_gib_per_s": round(f.copy_bytes_per_s / gib, 3)}
 
@@ -162,7 +169,7 @@ class FirstStepCheck:
     def finish(self, events: EventLog, step: int) -> None:
         self.meter.stop()
         measured = (self.before + self.meter.peak) / fit_plan.GIB
-        events.emit("memory_plan_check", step=step, measured_peak_gib=round(measured, 4),
+        events.emit("memory_plan_check", step=step, measured_peak_gib=round(measured, 6),
                     predicted_peak_gib=self.predicted_gib, budget_gib=self.budget_gib,
                     seconds=round(self.meter.seconds, 4))
         if measured > self.budget_gib:

@@ -112,3 +112,25 @@ def test_a_resumed_fit_run_reuses_its_saved_plan(generous, tmp_path):
     assert plans[0]["chosen"] == _event(generous, "memory_plan")["chosen"]
     steps = [e["step"] for e in new if e["event"] == "step"]
     assert steps == [5, 6], steps
+
+
+def test_an_fp8_base_when_only_it_fits_without_swapping_and_the_file_loads_again_in_fp8(wan, comfy_root, tmp_path):
+    """base_dtype auto (float32 on a CPU) leaves the precision to the plan: with a budget that checkpointing
+    plus fp8 block weights fit and block swap cannot reach, the run loads the file again in fp8 and trains."""
+    def config(name: str, vram_gib: float, steps: int):
+        cfg = _config(wan, comfy_root, tmp_path / name, vram_gib, steps=steps)
+        return memory_runs.with_memory(cfg, tmp_path / name, base_dtype="auto")
+
+    probe = memory_runs.train_in_process(config("probe", 1.0, steps=1))
+    f = _event(probe, "memory_plan")["figures"]
+    swap_saving = (f["blocks"] - 2) * f["largest_block_gib"]  # the tiny Wan's blocks are all alike
+    assert f["fp8_saving_gib"] > swap_saving, f
+    cap = round(_need(f, "on") - (f["fp8_saving_gib"] + swap_saving) / 2, 6)
+    run = memory_runs.train_in_process(config("fp8", cap, steps=3))
+    chosen = _event(run, "memory_plan")["chosen"]
+    assert (chosen["checkpointing"], chosen["fp8"], chosen["block_swap"]) == ("on", True, 0), chosen
+    assert all(math.isfinite(x) for x in run.losses()) and len(run.losses()) == 3
+    check = _event(run, "memory_plan_check")
+    assert check["measured_peak_gib"] < _need(f, "on"), (check, _need(f, "on"))  # the weights shrank
+    history = json.loads(next((Path(run.cfg.run_dir) / "config_history").glob("rev*.json")).read_text())
+    assert history["config"]["memory"]["base_dtype"] == "auto"  # what the user set; the plan is memory_plan.json

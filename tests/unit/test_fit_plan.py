@@ -132,6 +132,20 @@ def test_the_cpu_meter_measures_a_known_allocation():
     assert held.numel() == 3 << 20
 
 
+def test_the_cpu_meter_counts_from_its_own_start_after_earlier_recordings():
+    """The profiler's running total carries on across recordings: a tensor allocated while measuring and
+    freed outside never comes off it. Each measurement counts from its own start all the same."""
+    meter = PeakMeter(torch.device("cpu"))
+    with meter.measuring():
+        kept = torch.empty(6 << 20, dtype=torch.uint8)
+    del kept  # freed while nothing records
+    for _ in range(2):
+        with meter.measuring():
+            a = torch.empty(2 << 20, dtype=torch.uint8)
+            del a
+        assert meter.peak == 2 << 20
+
+
 def test_device_bytes_counts_each_storage_once_and_leaves_out_excluded_buffers():
     layer = torch.nn.Linear(256, 256)  # 256 KiB weight + 1 KiB bias, float32
     tied = torch.nn.Module()
