@@ -8,6 +8,7 @@ the run before step 1 (NothingFits, the planner's message: the budget, the small
 from __future__ import annotations
 
 import dataclasses
+import gc
 import json
 import math
 from pathlib import Path
@@ -72,6 +73,13 @@ def plan_from_probe(model: torch.nn.Module, run_step, device: torch.device, memo
         figures = agree(fit_probe.with_mode(figures, model, "cpu_offload", run_step, device, repeats), device)
         result = fit_plan.plan(figures, budget, memory.vram_margin, memory.optimizer)
     return result, figures
+
+
+def release_memory(device: torch.device) -> None:
+    """Free what a dropped model held (reference cycles included) before the next one loads."""
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
 
 
 def chosen_spec(spec: MemorySpec, chosen: dict) -> MemorySpec:

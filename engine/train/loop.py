@@ -142,11 +142,12 @@ def train(cfg: RunConfig, device: torch.device, events: EventLog, phases: SetupP
     settings = cfg.to_dict()  # what the user set (config_history), whatever the fit plan picks below
     fitted_plan = None  # the fit plan's record (memory_plan.json), checked against the first step
     if cfg.memory.plan == "fit":  # a probe picks checkpointing, block swap, fp8 base and optimizer (docs/memory.md)
-        from .fit_setup import fit_memory
+        from .fit_setup import fit_memory, release_memory
 
         fitted, fitted_plan = fit_memory(cfg, model, dataset, device, events, resuming)
         if fitted.base_dtype != cfg.memory.base_dtype:  # an fp8 base: ComfyUI loads the file again in fp8
-            del model
+            del model  # before the new one loads: one model on the device at a time
+            release_memory(device)
             model, targets = build_model(dataclasses.replace(cfg, memory=fitted))
         cfg = dataclasses.replace(cfg, memory=fitted)
         phases.done("memory_plan")
