@@ -42,6 +42,7 @@ def fit_memory(cfg: RunConfig, model: torch.nn.Module, dataset, device: torch.de
             return chosen_spec(cfg.memory, saved["chosen"]), saved
     from .objective import DiffusionObjective
 
+    model.to(device)  # the probe measures the whole model on the device (a manual block_swap loads it on the CPU)
     t = cfg.train
     objective = DiffusionObjective(model, seed=t.seed, timestep_sampling=t.timestep_sampling,
                                    t_range=(t.min_t, t.max_t), objective=cfg.objective)

@@ -134,3 +134,20 @@ def test_an_fp8_base_when_only_it_fits_without_swapping_and_the_file_loads_again
     assert check["measured_peak_gib"] < _need(f, "on"), (check, _need(f, "on"))  # the weights shrank
     history = json.loads(next((Path(run.cfg.run_dir) / "config_history").glob("rev*.json")).read_text())
     assert history["config"]["memory"]["base_dtype"] == "auto"  # what the user set; the plan is memory_plan.json
+
+
+@pytest.mark.slow
+def test_deepspeed_ranks_plan_together(generous, tmp_path):
+    """Two launched ranks (gloo) probe, take the maximum of each other's figures and train the one plan."""
+    from engine_runs import run_to_end
+
+    figures = json.loads((Path(generous.cfg.run_dir) / PLAN_FILE).read_text())["figures"]
+    cfg = memory_runs.with_memory(generous.cfg, tmp_path / "ds", vram_gib=(_need(figures, "off") + _need(figures, "on")) / 2)
+    cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, steps=2),
+                              launch=dataclasses.replace(cfg.launch, num_gpus=2, backend="deepspeed"))
+    cfg.save(tmp_path / "ds" / "run.json")
+    ds = run_to_end(cfg, timeout=240)
+    assert ds.of("started")[0]["world_size"] == 2
+    plans = ds.of("memory_plan")
+    assert len(plans) == 1 and plans[0]["chosen"]["checkpointing"] == "on", plans
+    assert len(ds.losses()) == 2 and all(math.isfinite(x) for x in ds.losses())
