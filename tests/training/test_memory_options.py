@@ -44,6 +44,11 @@ def test_new_settings_round_trip(run_json):
     assert cfg.memory.compile_mode == "default"  # run.json from before the setting
     graphs = RunConfig.from_dict(_with_memory(run_json, compile_blocks=True, compile_mode="cuda_graphs"))
     assert RunConfig.from_dict(graphs.to_dict()).memory.compile_mode == "cuda_graphs"
+    assert (cfg.memory.plan, cfg.memory.vram_gib, cfg.memory.vram_margin) == ("manual", 0.0, 0.1)  # before them
+    fit = RunConfig.from_dict(_with_memory(run_json, plan="fit", vram_gib=24, vram_margin=0.2))
+    saved = fit.to_dict()["memory"]
+    assert (saved["plan"], saved["vram_gib"], saved["vram_margin"]) == ("fit", 24.0, 0.2)
+    assert RunConfig.from_dict(fit.to_dict()).memory == fit.memory and fit.memory.vram_gib == 24.0
 
 
 @pytest.mark.parametrize("memory, names", [
@@ -55,6 +60,8 @@ def test_new_settings_round_trip(run_json):
     (dict(compile_mode="max"), "memory.compile_mode is 'max'"),
     (dict(compile_mode="cuda_graphs"), "compile_blocks is off: turn compile_blocks on"),
     (dict(compile_mode="cuda_graphs", compile_blocks=True, block_swap=2), "cannot be used with block_swap"),
+    (dict(plan="fit", pipeline_stages=2), "memory.plan is 'fit' with pipeline_stages 2"),
+    (dict(vram_margin=0.9), "memory.vram_margin is 0.9"),
 ])
 def test_bad_memory_settings_name_the_setting(run_json, memory, names):
     data = _with_memory(run_json, **memory)
