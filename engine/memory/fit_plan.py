@@ -8,8 +8,8 @@ Predicted peak of a candidate (bytes on one GPU):
     frozen weights (less fp8's saving) - the swapped blocks' weights + the two swapped blocks in flight
     + LoRA weights + optimizer state + the measured activation peak of its checkpointing mode
 (block swap holds at most two swapped blocks on the GPU: docs/memory.md). Predicted s/step: the
-mode's measured step (never below a cheaper mode's), slowed by fp8's casts, or the time the swapped blocks take to copy in (forward
-and backward) when that is longer, the copies being overlapped with compute.
+mode's measured step (never below a cheaper mode's), slowed by fp8's casts, or the time the swapped
+blocks take to copy in (forward and backward) when that is longer, the copies overlapping compute.
 The planner picks the fastest candidate predicted to fit under budget * (1 - margin); of equally fast
 ones the first in CHECKPOINTING order, own optimizer before 8-bit, own dtype before fp8, fewest swapped.
 """

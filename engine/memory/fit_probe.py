@@ -111,9 +111,9 @@ def _drop_grads(trainable: list[torch.Tensor]) -> None:
         p.grad = None
 
 
-def copy_rate(block: nn.Module, device: torch.device, repeats: int = 3) -> float:
-    """Bytes per second of one host -> device copy of the block's frozen weights (pinned, as block swap's)."""
-    nbytes = max(1 << 20, frozen_bytes(block))
+def copy_rate(nbytes: int, device: torch.device, repeats: int = 3) -> float:
+    """Bytes per second of a host -> device copy of `nbytes` (at least 1 MiB; pinned, as block swap's)."""
+    nbytes = max(1 << 20, nbytes)
     cuda = device.type == "cuda"
     host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=cuda)
     best = float("inf")
@@ -136,16 +136,16 @@ def probe(model: nn.Module, run_step: Callable[[], None], device: torch.device, 
     dm = model.diffusion_model
     all_blocks = blocks(dm)
     trainable = [p for p in model.parameters() if p.requires_grad]
-    weights = sum(p.numel() for p in trainable)
+    count = sum(p.numel() for p in trainable)
     optimizers = {optimizer} | ({EIGHT_BIT} if optimizer == "adamw" and eight_bit_available(device) else set())
     measured = {m: measure_mode(dm, m, run_step, trainable, device, repeats) for m in modes}
-    largest = max(all_blocks, key=frozen_bytes)
-    return Figures(weights=frozen_bytes(model), block_weights=tuple(frozen_bytes(b) for b in all_blocks),
+    block_weights = tuple(frozen_bytes(b) for b in all_blocks)
+    return Figures(weights=frozen_bytes(model), block_weights=block_weights,
                    trainable=sum(p.numel() * p.element_size() for p in trainable),
-                   optimizer_state={o: STATE_BYTES[o] * weights for o in sorted(optimizers)},
+                   optimizer_state={o: STATE_BYTES[o] * count for o in sorted(optimizers)},
                    activations={m: v[0] for m, v in measured.items()},
                    seconds={m: v[1] for m, v in measured.items()},
-                   copy_bytes_per_s=copy_rate(largest, device),
+                   copy_bytes_per_s=copy_rate(max(block_weights, default=0), device),
                    fp8_saving=fp8_saving(all_blocks) if offer_fp8 else 0)
 
 
