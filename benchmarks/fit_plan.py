@@ -33,7 +33,7 @@ from bench_env import REPO, setup  # noqa: E402
 GIB = 1024**3
 RESOLUTION = {"wan21_14b": dict(size=512, frames=81), "flux_dev": dict(size=1024, frames=1),
               "tiny_wan": dict(size=64, frames=9)}
-TINY_BUDGET_GIB = 0.0123  # ~12.6 MiB, 90% of it usable: below what the tiny Wan needs without savings (--tiny prints its figures)
+TINY_BUDGET_GIB = 0.0123  # ~12.6 MiB, 90% usable: below the tiny Wan's need without savings (--tiny prints figures)
 
 
 def _shape(name: str):

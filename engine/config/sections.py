@@ -79,7 +79,7 @@ class MemorySpec:
     compile_blocks: bool = False  # torch.compile each block, attention left eager (engine/memory/compile.py)
     compile_mode: str = "default"  # COMPILE_MODES; cuda_graphs replays each compiled region as a CUDA graph
     expandable_segments: bool = False  # PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True for the ranks
-    plan: str = "manual"  # MEMORY_PLANS; fit: a probe picks checkpointing, block swap, fp8 and optimizer (docs/memory.md)
+    plan: str = "manual"  # MEMORY_PLANS; fit: a probe picks checkpointing, block swap, fp8, optimizer (docs/memory.md)
     vram_gib: float = 0.0  # fit's budget per GPU; 0 = the GPU's memory less what other processes use at the start
     vram_margin: float = 0.1  # fit keeps this share of the budget free (allocator fragmentation, varying shapes)
 

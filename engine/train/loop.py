@@ -140,11 +140,11 @@ def train(cfg: RunConfig, device: torch.device, events: EventLog, phases: SetupP
 
     model, targets = build_model(cfg)
     settings = cfg.to_dict()  # what the user set (config_history), whatever the fit plan picks below
-    fitted_plan = None  # the fit plan's record (memory_plan.json), checked against the first step
+    plan_record, plan_check = None, None  # memory plan 'fit': its record (memory_plan.json), step 1 measured against it
     if cfg.memory.plan == "fit":  # a probe picks checkpointing, block swap, fp8 base and optimizer (docs/memory.md)
         from .fit_setup import fit_memory, release_memory
 
-        fitted, fitted_plan = fit_memory(cfg, model, dataset, device, events, resuming)
+        fitted, plan_record = fit_memory(cfg, model, dataset, device, events, resuming)
         if fitted.base_dtype != cfg.memory.base_dtype:  # an fp8 base: ComfyUI loads the file again in fp8
             del model  # before the new one loads: one model on the device at a time
             release_memory(device)
@@ -154,10 +154,10 @@ def train(cfg: RunConfig, device: torch.device, events: EventLog, phases: SetupP
     # Checkpointing, block swap, compile; places the model on the device unless pipelined.
     memory = apply_memory_options(model, cfg.memory, None if pipelined else device)
     phases.done("memory_options")  # compiling happens in the first step, not here
-    if fitted_plan is not None:
+    if plan_record is not None:
         from .fit_setup import FirstStepCheck
 
-        fitted_plan = FirstStepCheck(model, memory, device, fitted_plan)
+        plan_check = FirstStepCheck(model, memory, device, plan_record)
     objective = DiffusionObjective(model, seed=t.seed, timestep_sampling=t.timestep_sampling,
                                    t_range=(t.min_t, t.max_t), objective=cfg.objective)
     if pipelined:
@@ -302,9 +302,9 @@ def train(cfg: RunConfig, device: torch.device, events: EventLog, phases: SetupP
         evaluate(0)  # eval.before_start: the loss before any training
     while step < total_steps:
         started = time.time()
-        checking = fitted_plan is not None and step == start_step
+        checking = plan_check is not None and step == start_step
         if checking:
-            fitted_plan.start()
+            plan_check.start()
         lr = scheduler.get_last_lr()[0]
         micro_losses = []
         if pipelined:  # DeepSpeed runs all micro-batches of the step through the stages
@@ -321,7 +321,7 @@ def train(cfg: RunConfig, device: torch.device, events: EventLog, phases: SetupP
                 engine.step()
                 micro_losses.append(micro_loss.item())
         if checking:
-            fitted_plan.finish(events, step + 1)
+            plan_check.finish(events, step + 1)
         step += 1
         if ema is not None:
             ema.update(step)

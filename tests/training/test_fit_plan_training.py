@@ -142,7 +142,8 @@ def test_deepspeed_ranks_plan_together(generous, tmp_path):
     from engine_runs import run_to_end
 
     figures = json.loads((Path(generous.cfg.run_dir) / PLAN_FILE).read_text())["figures"]
-    cfg = memory_runs.with_memory(generous.cfg, tmp_path / "ds", vram_gib=(_need(figures, "off") + _need(figures, "on")) / 2)
+    cap = (_need(figures, "off") + _need(figures, "on")) / 2
+    cfg = memory_runs.with_memory(generous.cfg, tmp_path / "ds", vram_gib=cap)
     cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, steps=2),
                               launch=dataclasses.replace(cfg.launch, num_gpus=2, backend="deepspeed"))
     cfg.save(tmp_path / "ds" / "run.json")
