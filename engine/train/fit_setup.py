@@ -35,11 +35,11 @@ def fit_memory(cfg: RunConfig, model: torch.nn.Module, dataset, device: torch.de
                resuming: bool) -> tuple[MemorySpec, dict]:
     """(the memory settings the run trains with: cfg.memory with the plan's choices, the plan's record)."""
     path = Path(cfg.run_dir) / PLAN_FILE
-    if resuming and path.is_file():
-        saved = json.loads(path.read_text(encoding="utf-8"))
-        if saved.get("chosen"):
-            events.emit("memory_plan", reused=True, **saved)
-            return chosen_spec(cfg.memory, saved["chosen"]), saved
+    saved = _saved_plan(path) if resuming else None
+    # every node keeps its own copy (no shared filesystem needed); a node without one makes all probe anew
+    if resuming and not dist.any_true(saved is None, device):
+        events.emit("memory_plan", reused=True, **saved)
+        return chosen_spec(cfg.memory, saved["chosen"]), saved
     from .objective import DiffusionObjective
 
     model.to(device)  # the probe measures the whole model on the device (a manual block_swap loads it on the CPU)
@@ -53,12 +53,20 @@ def fit_memory(cfg: RunConfig, model: torch.nn.Module, dataset, device: torch.de
 
     result, figures = plan_from_probe(model, run_step, device, cfg.memory, offer_fp8(cfg, model))
     record = {**result.to_dict(), "figures": figures_record(figures)}
-    if dist.rank() == 0:
+    if dist.local_rank() == 0:  # the same record on every node: the figures were agreed
         write_text(path, json.dumps(record, indent=1))
     events.emit("memory_plan", reused=False, **record)
     if result.chosen is None:
         raise NothingFits(result.message)
     return chosen_spec(cfg.memory, record["chosen"]), record
+
+
+def _saved_plan(path: Path) -> dict | None:
+    try:
+        saved = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return saved if isinstance(saved, dict) and saved.get("chosen") else None
 
 
 def plan_from_probe(model: torch.nn.Module, run_step, device: torch.device, memory: MemorySpec,
