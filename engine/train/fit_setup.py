@@ -7,6 +7,7 @@ the run before step 1 (NothingFits, the planner's message: the budget, the small
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import gc
 import json
@@ -29,6 +30,25 @@ FP8_BASE = "float8_e4m3fn"  # the fp8 format the plan picks: more precision than
 
 class NothingFits(RuntimeError):
     """No candidate fits memory.vram_gib: the message names the budget, the smallest need and the fixes."""
+
+
+@contextlib.contextmanager
+def whole_model_load(cfg: RunConfig, device: torch.device):
+    """Around the first model load of a 'fit' run: the probe needs the whole model on the GPU once, so a GPU
+    smaller than its weights runs out of memory there. That becomes NothingFits with what to do instead."""
+    if cfg.memory.plan != "fit":
+        yield
+        return
+    try:
+        yield
+    except torch.cuda.OutOfMemoryError:
+        free = torch.cuda.mem_get_info(device)[0] / fit_plan.GIB if device.type == "cuda" else 0.0
+        raise NothingFits(
+            f"memory plan 'fit' probes the whole model on the GPU once, and {Path(cfg.model_path).name} did not fit "
+            f"there ({free:.1f} GiB free after the attempt): set plan to 'manual' and choose the memory options "
+            "yourself (a model larger than the GPU needs block_swap, with activation_checkpointing on or "
+            "cpu_offload; an fp8 base_dtype halves a bf16 model; docs/memory.md), or use a GPU with more "
+            "memory.") from None
 
 
 def fit_memory(cfg: RunConfig, model: torch.nn.Module, dataset, device: torch.device, events: EventLog,

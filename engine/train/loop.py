@@ -77,6 +77,7 @@ def train(cfg: RunConfig, device: torch.device, events: EventLog, phases: SetupP
     from ..patches.probe_batch import probe_forward
     from ..patches.trainable import make_trainable
     from .ema import start_ema
+    from .fit_setup import whole_model_load
     from .grad_norm import last_grad_norm
     from .full_tune import model_tensors, unfreeze_blocks
     from .lora import inject_lora, lora_state_dict, lora_tensors, trained_parameters
@@ -138,7 +139,8 @@ def train(cfg: RunConfig, device: torch.device, events: EventLog, phases: SetupP
         phases.done("lora")
         return model, targets
 
-    model, targets = build_model(cfg)
+    with whole_model_load(cfg, device):  # plan 'fit': a model too big for the GPU gets its own message
+        model, targets = build_model(cfg)
     settings = cfg.to_dict()  # what the user set (config_history), whatever the fit plan picks below
     plan_record, plan_check = None, None  # memory plan 'fit': its record (memory_plan.json), step 1 measured against it
     if cfg.memory.plan == "fit":  # a probe picks checkpointing, block swap, fp8 base and optimizer (docs/memory.md)

@@ -152,3 +152,20 @@ def test_device_bytes_counts_each_storage_once_and_leaves_out_excluded_buffers()
     tied.a, tied.b = layer, layer
     assert device_bytes(tied, torch.device("cpu")) == (256 * 256 + 256) * 4
     assert device_bytes(tied, torch.device("cpu"), exclude=(layer.weight,)) == 256 * 4
+
+
+def test_a_fit_run_whose_model_does_not_fit_the_gpu_to_probe_says_what_to_do(tmp_path):
+    """A CUDA out-of-memory error cannot be caused on this machine: raised by hand where the load would."""
+    from PipeTrain.engine.config.run import RunConfig
+    from PipeTrain.engine.train.fit_setup import NothingFits, whole_model_load
+
+    cfg = RunConfig(run_name="r", run_dir=str(tmp_path), comfyui_root=str(tmp_path), cache_dir=str(tmp_path),
+                    model_path=str(tmp_path / "wan14b.safetensors"),
+                    memory=MemorySpec(plan="fit"))
+    with pytest.raises(NothingFits, match="wan14b.safetensors did not fit there .* set plan to 'manual'"):
+        with whole_model_load(cfg, torch.device("cpu")):
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory")
+    manual = dataclasses.replace(cfg, memory=MemorySpec())
+    with pytest.raises(torch.cuda.OutOfMemoryError):  # plan manual: the error as it was
+        with whole_model_load(manual, torch.device("cpu")):
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory")
