@@ -1,7 +1,7 @@
 """PipeTrainMemoryOptions: how training trades speed for memory. Defaults give a working run."""
 from __future__ import annotations
 
-from ..engine.config.choices import BASE_DTYPES, CHECKPOINTING, COMPILE_MODES, OPTIMIZER_NOTES, OPTIMIZERS
+from ..engine.config.choices import BASE_DTYPES, CHECKPOINTING, COMPILE_MODES, MEMORY_PLANS, OPTIMIZER_NOTES, OPTIMIZERS
 from ..engine.config.sections import MemorySpec
 from .types import MEMORY
 
@@ -77,6 +77,20 @@ class PipeTrainMemoryOptions:
                     "parts of each block as CUDA graphs, so the CPU launches far fewer kernels (Flux-dev LoRA on an "
                     "H200: docs/benchmarks.md). Costs some GPU memory per image size; needs block_swap 0 and "
                     "pipeline_stages 1. No effect on a CPU."}),
+                "plan": (list(MEMORY_PLANS), {"default": "manual", "tooltip":
+                    "manual: train with the settings above. fit: before step 1 a short probe runs real forward + "
+                    "backward passes on the dataset's largest bucket on each GPU, then picks activation "
+                    "checkpointing, block swap, an fp8 base (only when base_dtype is auto/bfloat16/float16) and "
+                    "8-bit AdamW (only instead of adamw) so the run fits vram_gib with the margin, fastest first. "
+                    "The plan and its predicted peak and s/step show on Train Pipeline; when nothing fits the run "
+                    "stops before step 1 and says what to change. Needs pipeline_stages 1 (docs/memory.md)."}),
+                "vram_gib": ("FLOAT", {"default": 0.0, "min": 0.0, "max": 100000.0, "step": 0.5, "tooltip":
+                    "With plan fit: the GPU memory each training process may use, in GiB (e.g. 24 to plan for a "
+                    "24 GB card on a larger one). 0 = the GPU's whole memory less what other processes hold "
+                    "when training starts."}),
+                "vram_margin": ("FLOAT", {"default": 0.1, "min": 0.0, "max": 0.5, "step": 0.01, "tooltip":
+                    "With plan fit: the share of vram_gib kept free for what the probe cannot see (allocator "
+                    "fragmentation, sample rendering, other bucket shapes); 0.1 plans for 90% of the budget."}),
             },
         }
 
@@ -90,7 +104,7 @@ class PipeTrainMemoryOptions:
 
     def configure(self, activation_checkpointing, optimizer, base_dtype, pipeline_stages, block_swap=0,
                   compile_blocks=False, expandable_segments=False, pipeline_split="", block_swap_sampling=True,
-                  compile_mode="default"):
+                  compile_mode="default", plan="manual", vram_gib=0.0, vram_margin=0.1):
         mode = _LEGACY_CHECKPOINTING.get(activation_checkpointing, activation_checkpointing) \
             if isinstance(activation_checkpointing, bool) else activation_checkpointing
         spec = MemorySpec(activation_checkpointing=mode, optimizer=optimizer, base_dtype=base_dtype,
@@ -98,6 +112,7 @@ class PipeTrainMemoryOptions:
                           block_swap_sampling=bool(block_swap_sampling),
                           compile_blocks=bool(compile_blocks), compile_mode=str(compile_mode),
                           expandable_segments=bool(expandable_segments),
-                          pipeline_split=str(pipeline_split or "").strip())
+                          pipeline_split=str(pipeline_split or "").strip(), plan=str(plan),
+                          vram_gib=float(vram_gib), vram_margin=float(vram_margin))
         spec.validate()
         return (spec,)

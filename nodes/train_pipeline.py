@@ -253,7 +253,7 @@ def relay(cfg: RunConfig, config_path: str, cuda: bool, model_name: str, node_id
     _running.add(proc)
     bar = compat.progress_bar(max(1, cfg.train.steps))
     last = {"step": 0, "total": cfg.train.steps, "loss": float("nan")}
-    finished, errors, pace, checkpoint, early = None, [], StepPace(), None, ""
+    finished, errors, pace, checkpoint, early, plan = None, [], StepPace(), None, "", ""
     try:
         while True:
             alive = proc.poll() is None
@@ -277,6 +277,9 @@ def relay(cfg: RunConfig, config_path: str, cuda: bool, model_name: str, node_id
                 elif kind == "early_stop":  # eval.early_stop ended the run before its last step
                     compat.log.info("[PipeTrain] %s %s", cfg.run_name, ev.get("message", ""))
                     early = ev.get("message", "")
+                elif kind == "memory_plan":  # memory plan 'fit': what it chose, predicted peak and s/step
+                    plan = ev.get("message", "")
+                    compat.log.info("[PipeTrain] %s %s", cfg.run_name, plan)
                 elif kind in ("done", "cancelled"):
                     finished = ev
                 elif kind == "error":
@@ -317,7 +320,7 @@ def relay(cfg: RunConfig, config_path: str, cuda: bool, model_name: str, node_id
     result = RunResult(run_dir=cfg.run_dir, run_name=cfg.run_name, lora_path=lora_path, steps=int(last["step"]),
                        total_steps=int(last["total"]), final_loss=float(last["loss"]), model_name=model_name,
                        status=status, ema_path=str(ema_path) if ema_path and ema_path.is_file() else "")
-    text = summary_text(result) + (f"\n{early}" if early else "")
+    text = summary_text(result) + "".join(f"\n{line}" for line in (plan, early) if line)
     feed.status(status)
     ui = {"text": [text]}
     if decoder is not None and decoder.latest:

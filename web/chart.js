@@ -66,6 +66,12 @@ export function applyEvent(state, ev) {
       state.phase = ev.phase || "";
       state.since = Number.isFinite(ev.since) ? ev.since : state.since || ev.time; // when the rank started
       break;
+    case "memory_plan": // memory plan 'fit' (engine/train/fit_setup.py): what it chose, or that nothing fits
+      state.plan = planText(ev);
+      break;
+    case "memory_plan_check": // the first step measured against the plan
+      if (Number.isFinite(ev.measured_peak_gib)) state.plan = `${state.plan || "plan"} · step 1 peak ${ev.measured_peak_gib.toFixed(2)} GiB`;
+      break;
     case "warning":
       if (ev.message && !state.warnings.includes(ev.message)) {
         state.warnings = state.warnings.concat([ev.message]).slice(-KEEP_WARNINGS);
@@ -81,6 +87,17 @@ export function applyEvent(state, ev) {
       break;
   }
   return state;
+}
+
+/** The status line's words for a memory_plan event: the chosen settings, predicted peak and s/step. */
+export function planText(ev) {
+  const c = ev.chosen;
+  if (!c) return `plan: nothing fits in ${ev.budget_gib} GiB`;
+  const parts = [`checkpointing ${c.checkpointing}`];
+  if (c.block_swap) parts.push(`block swap ${c.block_swap}`);
+  if (c.fp8) parts.push("fp8 base");
+  parts.push(c.optimizer, `${Number(c.peak_gib).toFixed(2)}/${ev.budget_gib} GiB`, `~${Number(c.seconds).toFixed(2)} s/step`);
+  return `plan${ev.reused ? " (saved)" : ""}: ${parts.join(", ")}`;
 }
 
 /** Apply one `pipetrain.run` message ({type: reset|event|samples|status, ...}); returns the state. */
@@ -201,6 +218,7 @@ export function statusLine(state) {
     const detail = loadingDetail(state);
     if (detail) parts.push(detail);
   }
+  if (state.plan) parts.push(state.plan);
   let line = parts.join(" · ");
   // failed: the cause; cancelled: where the checkpoint is and how to continue; stopping: what it waits for
   if (["failed", "cancelled", "stopping"].includes(state.status) && state.reason) line += ` — ${state.reason}`;

@@ -16,6 +16,9 @@ CHECKPOINTING = ("off", "on", "cpu_offload")  # activation checkpointing modes (
 # torch.compile modes for compile_blocks: "default" = inductor's; "cuda_graphs" = inductor's reduce-overhead
 # (each compiled block region replayed as a CUDA graph: fewer kernel launches from the host).
 COMPILE_MODES = ("default", "cuda_graphs")
+# memory.plan: manual = the memory settings as given; fit = a probe before step 1 picks checkpointing, block swap,
+# fp8 base and optimizer to fit memory.vram_gib (engine/memory/fit_plan.py, engine/memory/fit_probe.py).
+MEMORY_PLANS = ("manual", "fit")
 OPTIMIZERS = ("adamw", "adamw8bit", "adamw8bit_kahan", "adafactor", "prodigy", "adamw_cpu_offload")
 # What each optimizer costs and saves, one sentence each (the MemoryOptions tooltip; docs/optimizers.md).
 OPTIMIZER_NOTES = {

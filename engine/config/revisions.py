@@ -30,6 +30,7 @@ SAME_RESULT = (
     "train.steps", "train.epochs", "train.save_every", "train.checkpoint_every",
     "memory.activation_checkpointing", "memory.block_swap", "memory.block_swap_sampling",
     "memory.compile_blocks", "memory.compile_mode", "memory.expandable_segments",
+    "memory.vram_gib", "memory.vram_margin",  # a resumed fit run reuses its saved plan (engine/memory/fit_probe.py)
     "sample.", "eval.every", "eval.before_start", "eval.early_stop", "launch.", "monitor.",
 )
 # Settings added after runs existed, with the value that gives their old behaviour: a run from before them

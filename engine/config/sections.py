@@ -16,6 +16,7 @@ from .choices import (
     COMPILE_MODES,
     LORA_DTYPES,
     LORA_TARGET_PRESETS,
+    MEMORY_PLANS,
     OPTIMIZERS,
     SCHEDULERS,
     TIMESTEP_SAMPLING,
@@ -78,6 +79,9 @@ class MemorySpec:
     compile_blocks: bool = False  # torch.compile each block, attention left eager (engine/memory/compile.py)
     compile_mode: str = "default"  # COMPILE_MODES; cuda_graphs replays each compiled region as a CUDA graph
     expandable_segments: bool = False  # PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True for the ranks
+    plan: str = "manual"  # MEMORY_PLANS; fit: a probe picks checkpointing, block swap, fp8, optimizer (docs/memory.md)
+    vram_gib: float = 0.0  # fit's budget per GPU; 0 = the GPU's memory less what other processes use at the start
+    vram_margin: float = 0.1  # fit keeps this share of the budget free (allocator fragmentation, varying shapes)
 
     @staticmethod
     def upgrade_legacy(data: dict) -> dict:
@@ -101,6 +105,21 @@ class MemorySpec:
               "parallel only) or the number of GPUs to split the model over.")
         split_points(self.pipeline_split, self.pipeline_stages)  # its ConfigError names the setting
         self._check_compile_mode()
+        self._check_plan()
+
+    def _check_plan(self) -> None:
+        check(self.plan in MEMORY_PLANS, f"memory.plan is {self.plan!r}: choose one of {', '.join(MEMORY_PLANS)}.")
+        check(0.0 <= self.vram_gib <= 100_000, f"memory.vram_gib is {self.vram_gib}: use 0 (the GPU's free memory "
+              "at the start) or the GiB each GPU may use, e.g. 24.")
+        check(0.0 <= self.vram_margin <= 0.5, f"memory.vram_margin is {self.vram_margin}: use a share of the budget "
+              "between 0 and 0.5 to keep free (0.1 keeps 10%).")
+        if self.plan != "fit":
+            return
+        check(self.pipeline_stages == 1, f"memory.plan is 'fit' with pipeline_stages {self.pipeline_stages}: the "
+              "fit-to-VRAM probe plans one GPU holding the whole model; set pipeline_stages to 1, or plan to "
+              "'manual' and choose the memory options yourself.")
+        check(self.compile_mode != "cuda_graphs", "memory.plan is 'fit' with compile_mode 'cuda_graphs': the plan "
+              "may turn block swap on, which CUDA graphs cannot replay; set compile_mode to 'default'.")
 
     def _check_compile_mode(self) -> None:
         check(self.compile_mode in COMPILE_MODES,

@@ -6,6 +6,7 @@ events, TensorBoard and LoRA files; every rank takes part in checkpoints (DeepSp
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -76,6 +77,7 @@ def train(cfg: RunConfig, device: torch.device, events: EventLog, phases: SetupP
     from ..patches.probe_batch import probe_forward
     from ..patches.trainable import make_trainable
     from .ema import start_ema
+    from .fit_setup import whole_model_load
     from .grad_norm import last_grad_norm
     from .full_tune import model_tensors, unfreeze_blocks
     from .lora import inject_lora, lora_state_dict, lora_tensors, trained_parameters
@@ -109,33 +111,55 @@ def train(cfg: RunConfig, device: torch.device, events: EventLog, phases: SetupP
 
     # ---- model + LoRA -----------------------------------------------------------------
     pipelined = cfg.memory.pipeline_stages > 1
-    # Pipelined: load on the CPU; DeepSpeed moves only this rank's stage to its GPU.
-    model = load_base_model(cfg, torch.device("cpu") if pipelined else device)
-    phases.done("model_load")  # reading the file and building ComfyUI's model on the device
-    apply_timestep_shift(model, t.timestep_shift)
-    check_objective(model, cfg.objective)  # guidance, resolution shift and SNR weights this model can use
-    model.model_sampling.to(device)
-    if dataset.latent_shape[0] not in accepted_channels(model.latent_format, dataset.latent_shape):
-        raise ModelLoadError(
-            f"the cache holds {dataset.latent_shape[0]}-channel latents but {os.path.basename(cfg.model_path)} "
-            f"expects {wanted_latents(model.latent_format, dataset.latent_shape)}: cache the dataset with this "
-            "model's VAE.")
-    packed = packed_latent_missing(type(model).__name__, dataset[0]["extras"])
-    if packed:
-        raise ModelLoadError(packed)
-    # ComfyUI's training flag, and out-of-place block forwards only where the probe finds upstream's
-    # in place (engine/patches): before LoRA and the memory options wrap the blocks.
-    run_forward, context = probe_forward(DiffusionObjective(model, seed=t.seed), dataset, device)
-    make_trainable(model.diffusion_model, run_forward, device=device, context=context,
-                   cache_file=run_dir.parent / BLOCK_VERDICTS)
-    phases.done("block_probe")
-    torch.manual_seed(t.seed)  # peft draws lora_A's initial values from the global RNG
     full = cfg.lora.kind == "full"  # a full fine-tune: the block weights themselves train (engine/train/full_tune.py)
-    targets = (unfreeze_blocks if full else inject_lora)(model.diffusion_model, cfg.lora)
-    phases.done("lora")
+
+    def build_model(run_cfg: RunConfig):  # run_cfg: cfg, or cfg with the fit plan's memory settings
+        # Pipelined: load on the CPU; DeepSpeed moves only this rank's stage to its GPU.
+        model = load_base_model(run_cfg, torch.device("cpu") if pipelined else device)
+        phases.done("model_load")  # reading the file and building ComfyUI's model on the device
+        apply_timestep_shift(model, t.timestep_shift)
+        check_objective(model, cfg.objective)  # guidance, resolution shift and SNR weights this model can use
+        model.model_sampling.to(device)
+        if dataset.latent_shape[0] not in accepted_channels(model.latent_format, dataset.latent_shape):
+            raise ModelLoadError(
+                f"the cache holds {dataset.latent_shape[0]}-channel latents but {os.path.basename(cfg.model_path)} "
+                f"expects {wanted_latents(model.latent_format, dataset.latent_shape)}: cache the dataset with this "
+                "model's VAE.")
+        packed = packed_latent_missing(type(model).__name__, dataset[0]["extras"])
+        if packed:
+            raise ModelLoadError(packed)
+        # ComfyUI's training flag, and out-of-place block forwards only where the probe finds upstream's
+        # in place (engine/patches): before LoRA and the memory options wrap the blocks.
+        run_forward, context = probe_forward(DiffusionObjective(model, seed=t.seed), dataset, device)
+        make_trainable(model.diffusion_model, run_forward, device=device, context=context,
+                       cache_file=run_dir.parent / BLOCK_VERDICTS)
+        phases.done("block_probe")
+        torch.manual_seed(t.seed)  # peft draws lora_A's initial values from the global RNG
+        targets = (unfreeze_blocks if full else inject_lora)(model.diffusion_model, run_cfg.lora)
+        phases.done("lora")
+        return model, targets
+
+    with whole_model_load(cfg, device):  # plan 'fit': a model too big for the GPU gets its own message
+        model, targets = build_model(cfg)
+    settings = cfg.to_dict()  # what the user set (config_history), whatever the fit plan picks below
+    plan_record, plan_check = None, None  # memory plan 'fit': its record (memory_plan.json), step 1 measured against it
+    if cfg.memory.plan == "fit":  # a probe picks checkpointing, block swap, fp8 base and optimizer (docs/memory.md)
+        from .fit_setup import fit_memory, release_memory
+
+        fitted, plan_record = fit_memory(cfg, model, dataset, device, events, resuming)
+        if fitted.base_dtype != cfg.memory.base_dtype:  # an fp8 base: ComfyUI loads the file again in fp8
+            del model  # before the new one loads: one model on the device at a time
+            release_memory(device)
+            model, targets = build_model(dataclasses.replace(cfg, memory=fitted))
+        cfg = dataclasses.replace(cfg, memory=fitted)
+        phases.done("memory_plan")
     # Checkpointing, block swap, compile; places the model on the device unless pipelined.
     memory = apply_memory_options(model, cfg.memory, None if pipelined else device)
     phases.done("memory_options")  # compiling happens in the first step, not here
+    if plan_record is not None:
+        from .fit_setup import FirstStepCheck
+
+        plan_check = FirstStepCheck(model, memory, device, plan_record)
     objective = DiffusionObjective(model, seed=t.seed, timestep_sampling=t.timestep_sampling,
                                    t_range=(t.min_t, t.max_t), objective=cfg.objective)
     if pipelined:
@@ -169,7 +193,7 @@ def train(cfg: RunConfig, device: torch.device, events: EventLog, phases: SetupP
                                         from_stages)
         resumed_from = checkpoints.latest_folder(ckpt_root)
     if rank == 0:
-        revisions.record(run_dir, cfg.to_dict(), start_step, replicas)  # the settings of the steps from here on
+        revisions.record(run_dir, settings, start_step, replicas)  # the settings of the steps from here on
     phases.done("resume")  # the checkpoint loaded (if any) and the config revision kept
 
     layout = node_checks.rank_layout(engine, pipelined)  # node, stage and replica of every rank
@@ -280,6 +304,9 @@ def train(cfg: RunConfig, device: torch.device, events: EventLog, phases: SetupP
         evaluate(0)  # eval.before_start: the loss before any training
     while step < total_steps:
         started = time.time()
+        checking = plan_check is not None and step == start_step
+        if checking:
+            plan_check.start()
         lr = scheduler.get_last_lr()[0]
         micro_losses = []
         if pipelined:  # DeepSpeed runs all micro-batches of the step through the stages
@@ -295,6 +322,8 @@ def train(cfg: RunConfig, device: torch.device, events: EventLog, phases: SetupP
                 engine.backward(micro_loss)
                 engine.step()
                 micro_losses.append(micro_loss.item())
+        if checking:
+            plan_check.finish(events, step + 1)
         step += 1
         if ema is not None:
             ema.update(step)

@@ -44,6 +44,11 @@ def test_new_settings_round_trip(run_json):
     assert cfg.memory.compile_mode == "default"  # run.json from before the setting
     graphs = RunConfig.from_dict(_with_memory(run_json, compile_blocks=True, compile_mode="cuda_graphs"))
     assert RunConfig.from_dict(graphs.to_dict()).memory.compile_mode == "cuda_graphs"
+    assert (cfg.memory.plan, cfg.memory.vram_gib, cfg.memory.vram_margin) == ("manual", 0.0, 0.1)  # before them
+    fit = RunConfig.from_dict(_with_memory(run_json, plan="fit", vram_gib=24, vram_margin=0.2))
+    saved = fit.to_dict()["memory"]
+    assert (saved["plan"], saved["vram_gib"], saved["vram_margin"]) == ("fit", 24.0, 0.2)
+    assert RunConfig.from_dict(fit.to_dict()).memory == fit.memory and fit.memory.vram_gib == 24.0
 
 
 @pytest.mark.parametrize("memory, names", [
@@ -55,6 +60,8 @@ def test_new_settings_round_trip(run_json):
     (dict(compile_mode="max"), "memory.compile_mode is 'max'"),
     (dict(compile_mode="cuda_graphs"), "compile_blocks is off: turn compile_blocks on"),
     (dict(compile_mode="cuda_graphs", compile_blocks=True, block_swap=2), "cannot be used with block_swap"),
+    (dict(plan="fit", pipeline_stages=2), "memory.plan is 'fit' with pipeline_stages 2"),
+    (dict(vram_margin=0.9), "memory.vram_margin is 0.9"),
 ])
 def test_bad_memory_settings_name_the_setting(run_json, memory, names):
     data = _with_memory(run_json, **memory)
@@ -68,7 +75,8 @@ def test_every_input_has_a_tooltip_and_new_ones_are_optional():
     inputs = PipeTrainMemoryOptions.INPUT_TYPES()
     assert set(inputs["required"]) == {"activation_checkpointing", "optimizer", "base_dtype", "pipeline_stages"}
     assert {"block_swap", "compile_blocks", "expandable_segments", "compile_mode"} <= set(inputs["optional"])
-    assert list(inputs["optional"])[-1] == "compile_mode"  # saved workflows store widgets by position
+    # saved workflows store widgets by position: the fit plan's inputs came after compile_mode
+    assert list(inputs["optional"])[-4:] == ["compile_mode", "plan", "vram_gib", "vram_margin"]
     for section in inputs.values():
         for name, (_, options) in section.items():
             assert len(options.get("tooltip", "")) > 40, name
@@ -84,6 +92,13 @@ def test_saved_workflows_with_the_old_boolean_still_validate_and_run(saved, mode
     assert PipeTrainMemoryOptions.VALIDATE_INPUTS(activation_checkpointing=saved) is True
     (spec,) = PipeTrainMemoryOptions().configure(saved, "adamw", "auto", 1)  # optional inputs left out
     assert spec == MemorySpec(activation_checkpointing=mode)
+
+
+def test_the_fit_plan_inputs_reach_the_memory_settings():
+    (spec,) = PipeTrainMemoryOptions().configure("off", "adamw", "auto", 1, plan="fit", vram_gib=24, vram_margin=0.15)
+    assert (spec.plan, spec.vram_gib, spec.vram_margin) == ("fit", 24.0, 0.15)
+    with pytest.raises(ConfigError, match="memory.plan is 'fit' with pipeline_stages 2"):
+        PipeTrainMemoryOptions().configure("off", "adamw", "auto", 2, plan="fit")
 
 
 def test_node_refuses_bad_values_with_the_setting_named():

@@ -4,7 +4,7 @@ import assert from "node:assert/strict";
 import { test } from "node:test";
 import {
   applyEvent, applyMessage, autoWeight, downsample, emptyRun, etaSeconds, formatDuration, formatNorm, layout,
-  loadingDetail, nearestStep, niceRange, niceTicks, runMatches, smooth, stateFromSnapshot, statusLine, xEnd,
+  loadingDetail, nearestStep, niceRange, niceTicks, planText, runMatches, smooth, stateFromSnapshot, statusLine, xEnd,
 } from "../../web/chart.js";
 import { drawChart } from "../../web/chart_draw.js";
 
@@ -256,4 +256,16 @@ test("while loading, the status line says what the rank does and for how long", 
   const snap = stateFromSnapshot({ run: "r", total: 60, events: [{ event: "setup", phase: "model_load", since: 2000,
     time: 2004 }] });
   assert.equal(loadingDetail(snap, 2007), "checking the block forwards · 0:07");
+});
+
+test("a fit memory plan shows on the status line: the choice, its predicted peak and s/step, then step 1's peak", () => {
+  const chosen = { checkpointing: "on", block_swap: 6, fp8: false, optimizer: "adamw", peak_gib: 21.25, seconds: 13.2 };
+  let st = applyEvent(emptyRun("r", 10), { event: "memory_plan", chosen, budget_gib: 24, reused: false });
+  assert.equal(st.plan, "plan: checkpointing on, block swap 6, adamw, 21.25/24 GiB, ~13.20 s/step");
+  assert.ok(statusLine(st).includes(st.plan));
+  applyEvent(st, { event: "memory_plan_check", step: 1, measured_peak_gib: 20.9 });
+  assert.ok(statusLine(st).endsWith("~13.20 s/step · step 1 peak 20.90 GiB"), statusLine(st));
+  assert.equal(planText({ chosen: null, budget_gib: 8 }), "plan: nothing fits in 8 GiB");
+  assert.ok(planText({ chosen: { ...chosen, fp8: true, block_swap: 0 }, budget_gib: 24, reused: true })
+    .startsWith("plan (saved): checkpointing on, fp8 base, adamw"));
 });
