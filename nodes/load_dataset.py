@@ -9,6 +9,7 @@ import logging
 
 from ..engine.data.buckets import BucketError, parse_aspect_ratios, parse_resolutions
 from ..engine.data.caption_variants import MAX_KEEP_TOKENS, MAX_TAG_SHUFFLES, options_summary
+from ..engine.data.dataset_chain import join, part_name
 from ..engine.data.folders import resolve_extra_folder
 from ..engine.data.frame_buckets import parse_frame_buckets
 from ..engine.data.frame_picks import BEGINNING, CLIP_MODES
@@ -43,6 +44,14 @@ _LINKS_TOOLTIP = (
     "Off: a file that is a link to somewhere outside its folder (an image, caption, mask or control image) is not "
     "read; it is skipped and listed, so a link cannot pull in files from elsewhere on this machine. On: links are "
     "followed wherever they point. Links that stay inside the folder always work.")
+
+
+_ADD_TO_TOOLTIP = (
+    "Optional: another LoadDataset's dataset output. This node's dataset joins it, so one run trains several "
+    "datasets, each with all of its own settings here (resolution, aspect_ratios, repeats, video_frames, caption "
+    "options...): chain the nodes A -> add_to of B -> add_to of C and connect the last to Cache Latents. Each dataset "
+    "is cached on its own; training draws from all of them in one shuffled order, each image as often as its repeats "
+    "say, and a batch never mixes datasets. A folder may be in one dataset only. Leave unconnected for one dataset.")
 
 
 def _input_dir() -> str | None:
@@ -204,6 +213,8 @@ class PipeTrainLoadDataset:
                                            "set their own ' | repeats=N'. Use it to balance small folders against "
                                            "large ones."}),
         }, "optional": {
+            # a link, not a widget: saved workflows' widget values keep their positions
+            "add_to": (DATASET, {"tooltip": _ADD_TO_TOOLTIP}),
             "aspect_ratios": ("STRING", {"default": "", "tooltip": _ASPECT_TOOLTIP}),
             "extra_resolutions": ("STRING", {"default": "", "tooltip": _RESOLUTIONS_TOOLTIP}),
             "bucket_multiple": ("INT", {"default": 64, "min": 8, "max": 64, "step": 8, "tooltip": _MULTIPLE_TOOLTIP}),
@@ -227,7 +238,7 @@ class PipeTrainLoadDataset:
     @classmethod
     def IS_CHANGED(cls, folders, resolution, repeats, aspect_ratios="", extra_resolutions="", bucket_multiple=64,
                    video_frames=0, frame_stride=1, mask_folder="", control_folder="", follow_links=False,
-                   target_fps=AUTO, *captions, **caption_options):
+                   target_fps=AUTO, *captions, add_to=None, **caption_options):
         # Names, sizes, mtimes and status-change times only (no file is read): cheap enough to run on every
         # queue, and any added, edited or re-captioned file makes ComfyUI run the node (and CacheLatents) again.
         try:
@@ -238,14 +249,28 @@ class PipeTrainLoadDataset:
         except (DatasetError, OSError):
             return float("nan")  # never equal to itself: run the node, which reports the error
 
-    def load_and_report(self, folders, resolution, repeats, *options, **named):
+    def load_and_report(self, folders, resolution, repeats, *options, add_to=None, **named):
         """What ComfyUI runs: load(), with the dataset report on the node (and in /history). options: the
-        optional inputs, as build_spec takes them."""
+        optional inputs, as build_spec takes them; add_to: the datasets this one joins."""
         spec, lines, rows = describe(folders, resolution, repeats, *options, **named)
+        spec, lines = joined(add_to, spec, lines)
         return {"ui": {"text": lines, "pipetrain_report": report_rows(rows)}, "result": (spec,)}
 
-    def load(self, folders, resolution, repeats, *options, **named):
-        return (describe(folders, resolution, repeats, *options, **named)[0],)
+    def load(self, folders, resolution, repeats, *options, add_to=None, **named):
+        spec, lines, _ = describe(folders, resolution, repeats, *options, **named)
+        return (joined(add_to, spec, lines)[0],)
+
+
+def joined(add_to: DatasetSpec | None, spec: DatasetSpec, lines: list[str]) -> tuple[DatasetSpec, list[str]]:
+    """The chain with this dataset added (add_to unconnected: the dataset alone), and the report's lines with
+    a first one saying where it stands in the chain."""
+    if add_to is None:
+        return spec, lines
+    chain = join(add_to, spec)
+    line = (f"{part_name(spec, len(chain.parts))} joins {len(chain.parts) - 1} dataset(s) of this run; each is "
+            "cached on its own and trained in one sample order, weighted by its repeats.")
+    log.info("PipeTrain LoadDataset: %s", line)
+    return chain, [line, *lines]
 
 
 def describe(folders, resolution, repeats, *options, **named) -> tuple[DatasetSpec, list[str], tuple]:

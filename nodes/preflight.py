@@ -332,3 +332,9 @@ def check_devices(launch: LaunchSpec) -> bool:
         raise ConfigError(f"{what} asks for GPU(s) {bad} but this machine shows {visible} GPU(s) (numbered 0 to "
                           f"{visible - 1}): lower num_gpus or fix gpu_ids.")
     return True
+
+
+def part_inputs(cache) -> dict:
+    """The training caches check_model checks, by the name its messages use: 'cache', then with chained
+    datasets (LoadDataset's add_to) 'cache (dataset 2)' and on."""
+    return {("cache" if n == 1 else f"cache (dataset {n})"): part for n, part in enumerate(cache.parts, start=1)}

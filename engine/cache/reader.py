@@ -90,6 +90,14 @@ class CachedDataset:
         item = self[i]
         return item if k == 0 else swap_caption(item, *read_variant(*self._store.caption_variant(i, k), k))
 
+    def dropout_of(self, i: int) -> float:
+        """The caption_dropout item i trains with (chained datasets: its own dataset's; engine/cache/joined.py)."""
+        return self.caption_dropout
+
+    def without_caption(self, i: int, item: dict[str, Any]) -> dict[str, Any]:
+        """Item i (as `item`, with the caption it was picked with) trained with the empty caption."""
+        return self.with_empty_caption(item)
+
     def with_empty_caption(self, item: dict[str, Any]) -> dict[str, Any]:
         """The item trained with the empty caption (caption_dropout)."""
         if self._empty is None:

@@ -74,6 +74,8 @@ def flat(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
             out.update(flat(value, name + "."))
         elif name == "base_loras":  # [[file name, strength], ...]: the folders are machine-local
             out[name] = base_lora_identity(value)
+        elif name == "more_cache_dirs":  # chained datasets' caches: named by their fingerprints, like cache_dir
+            out[name] = [os.path.basename(os.path.normpath(v)) for v in value]
         else:
             out[name] = os.path.basename(os.path.normpath(value)) if name in BY_NAME and value else value
     return out

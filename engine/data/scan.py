@@ -41,6 +41,7 @@ from .frame_picks import BEGINNING
 from .buckets import bucket_sizes, merged_buckets_notice, nearest_bucket
 from .caption_variants import check_caption_options
 from .captions import MAX_CAPTION_CHARS, read_caption
+from .dataset_chain import chained_parts, check_chain
 from .folders import (
     caption_lookalikes,
     media_subfolders,
@@ -115,6 +116,9 @@ class DatasetSpec:
     # video clip lengths, ascending (engine/data/frame_buckets.py); () = the single length video_frames
     frame_buckets: tuple[int, ...] = ()
     clip_mode: str = BEGINNING  # which part(s) of each video its clips take: frame_picks.CLIP_MODES
+    # the other datasets of the run, each with all its own settings (LoadDataset's add_to;
+    # engine/data/dataset_chain.py); flat: a part's own `more` is always ()
+    more: tuple["DatasetSpec", ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         # optional settings only when set: the dicts of older specs stay equal (trust_cache compares them)
@@ -125,11 +129,17 @@ class DatasetSpec:
                                    ("tag_shuffles", self.tag_shuffles), ("keep_tokens", self.keep_tokens),
                                    ("caption_dropout", self.caption_dropout),
                                    ("frame_buckets", list(self.frame_buckets)),
-                                   ("clip_mode", self.clip_mode != BEGINNING and self.clip_mode)) if v}
+                                   ("clip_mode", self.clip_mode != BEGINNING and self.clip_mode),
+                                   ("more", [part.to_dict() for part in self.more])) if v}
         return {"folders": [f.to_dict() for f in self.folders], "resolution": self.resolution,
                 "caption_ext": self.caption_ext, "version": self.version, "aspect_ratios": list(self.aspect_ratios),
                 "extra_resolutions": list(self.extra_resolutions), "bucket_multiple": self.bucket_multiple,
                 "video_frames": self.video_frames, "frame_stride": self.frame_stride, **pairs}
+
+    @property
+    def parts(self) -> tuple["DatasetSpec", ...]:
+        """Every dataset of the run, this one first, each on its own (its `more` empty): cached apart."""
+        return (dataclasses.replace(self, more=()),) + tuple(self.more)
 
     @property
     def resolutions(self) -> tuple[int, ...]:
@@ -169,6 +179,8 @@ class DatasetSpec:
             kw["target_fps"] = fr.parse_target_fps(kw["target_fps"])
         if "frame_buckets" in kw:
             kw["frame_buckets"] = parse_frame_buckets(kw["frame_buckets"])
+        if "more" in kw:
+            kw["more"] = chained_parts(kw["more"], cls.from_dict)
         return cls(**kw)
 
     def check(self) -> None:
@@ -218,6 +230,7 @@ class DatasetSpec:
                                    "control images in a folder of their own, or they are trained as images.")
             if key:
                 seen[key] = setting
+        check_chain(self)
 
 
 def _known_fields(cls, data: Any, where: str) -> dict[str, Any]:
@@ -308,6 +321,8 @@ def files_signature(spec: DatasetSpec) -> str:
                 except OSError:
                     h.update(f"\0{p}\0-".encode("utf-8", "surrogateescape"))
     h.update(pair_signature(spec.mask_folder, spec.control_folder).encode())
+    for part in spec.more:  # chained datasets: any change to one of them runs the nodes again
+        h.update(files_signature(part).encode())
     return h.hexdigest()
 
 

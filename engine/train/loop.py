@@ -66,7 +66,7 @@ def main(config_path: str, process_start: float | None = None) -> int:
 
 def train(cfg: RunConfig, device: torch.device, events: EventLog, phases: SetupPhases | None = None,
           wb: wandb_log.WandbLog | None = None) -> int:
-    from ..cache.reader import CachedDataset
+    from ..cache.joined import open_caches
     from ..config.rules import data_parallel_size
     from ..latent_fit import accepted_channels, packed_latent_missing, wanted_latents
     from .. import model_files
@@ -101,7 +101,7 @@ def train(cfg: RunConfig, device: torch.device, events: EventLog, phases: SetupP
     launched = time.time()
 
     # ---- data -------------------------------------------------------------------------
-    dataset = CachedDataset(cfg.cache_dir)
+    dataset = open_caches(cfg.cache_dir, cfg.more_cache_dirs)  # chained datasets: every cache, one item list
     stream = SampleStream([dataset.repeats(i) for i in range(len(dataset))], seed=t.seed, buckets=dataset.buckets(),
                           batch=t.batch_size)  # batches never mix aspect buckets or caption lengths
     samples_per_step = t.batch_size * t.grad_accum * replicas

@@ -137,6 +137,12 @@ class FakeCache:
     def with_empty_caption(self, item):
         return {**item, "cross_attn": torch.tensor([[-1.0, -1.0]])}
 
+    def dropout_of(self, i):
+        return self.caption_dropout
+
+    def without_caption(self, i, item):
+        return self.with_empty_caption(item)
+
 
 def _picked(dataset, stream, positions):
     return [tuple(it["cross_attn"][0].tolist()) for it in pick_items(dataset, stream, positions)]
