@@ -19,7 +19,7 @@ from PipeTrain.engine.cache.reader import CachedDataset  # noqa: E402
 from PipeTrain.engine.config.checks import ConfigError  # noqa: E402
 from PipeTrain.engine.config.run import RunConfig  # noqa: E402
 from PipeTrain.engine.data.messages import DatasetError  # noqa: E402
-from PipeTrain.engine.data.scan import DatasetSpec, FolderSpec, files_signature  # noqa: E402
+from PipeTrain.engine.data.scan import DatasetSpec, files_signature  # noqa: E402
 from PipeTrain.engine.train.sample_order import SampleStream  # noqa: E402
 from headless_config import cache_config_error  # noqa: E402
 from tiny_detected import write_cache  # noqa: E402
