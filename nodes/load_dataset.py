@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 
+from ..engine.data.batch_sizes import parse_batch_sizes
 from ..engine.data.buckets import BucketError, parse_aspect_ratios, parse_resolutions
 from ..engine.data.caption_variants import MAX_KEEP_TOKENS, MAX_TAG_SHUFFLES, options_summary
 from ..engine.data.dataset_chain import join, part_name
@@ -52,6 +53,14 @@ _ADD_TO_TOOLTIP = (
     "options...): chain the nodes A -> add_to of B -> add_to of C and connect the last to Cache Latents. Each dataset "
     "is cached on its own; training draws from all of them in one shuffled order, each image as often as its repeats "
     "say, and a batch never mixes datasets. A folder may be in one dataset only. Leave unconnected for one dataset.")
+
+
+_BATCH_SIZES_TOOLTIP = (
+    "Batch size per resolution, e.g. '512:4, 1024:1' (diffusion-pipe's micro_batch_size_per_gpu list): batches of "
+    "this dataset's 512 px samples hold 4, its 1024 px samples 1, so large sizes fit in memory and small ones train "
+    "fast. Resolutions not listed use Train Pipeline's batch_size. Each must be the resolution or one of the "
+    "extra_resolutions. Changes no cached tensor (nothing is encoded again). Not with pipeline_stages above 1. "
+    "Empty: batch_size everywhere.")
 
 
 def _input_dir() -> str | None:
@@ -148,7 +157,8 @@ def build_spec(folders: str, resolution: int, repeats: int, aspect_ratios: str =
                bucket_multiple: int = 64, video_frames: int = 0, frame_stride: int = 1, mask_folder: str = "",
                control_folder: str = "", follow_links: bool = False, target_fps: str = AUTO,
                caption_prefix: str = "", caption_lines: bool = False, tag_shuffles: int = 0, keep_tokens: int = 0,
-               caption_dropout: float = 0.0, frame_buckets: str = "", clip_mode: str = BEGINNING) -> DatasetSpec:
+               caption_dropout: float = 0.0, frame_buckets: str = "", clip_mode: str = BEGINNING,
+               batch_sizes: str = "") -> DatasetSpec:
     if not (isinstance(repeats, int) and repeats >= 1):
         raise DatasetError(f"repeats is {repeats}: use a whole number of 1 or more.")
     try:
@@ -163,7 +173,8 @@ def build_spec(folders: str, resolution: int, repeats: int, aspect_ratios: str =
                        follow_links=bool(follow_links), target_fps=parse_target_fps(target_fps),
                        caption_prefix=caption_prefix, caption_lines=bool(caption_lines), tag_shuffles=tag_shuffles,
                        keep_tokens=keep_tokens, caption_dropout=float(caption_dropout),
-                       frame_buckets=parse_frame_buckets(frame_buckets), clip_mode=clip_mode)
+                       frame_buckets=parse_frame_buckets(frame_buckets), clip_mode=clip_mode,
+                       batch_sizes=parse_batch_sizes(batch_sizes))
     spec.check()
     return spec
 
@@ -233,6 +244,7 @@ class PipeTrainLoadDataset:
                                           "tooltip": _DROPOUT_TOOLTIP}),
             "frame_buckets": ("STRING", {"default": "", "placeholder": "17, 33, 65", "tooltip": _BUCKETS_TOOLTIP}),
             "clip_mode": (list(CLIP_MODES), {"default": BEGINNING, "tooltip": _CLIP_MODE_TOOLTIP}),
+            "batch_sizes": ("STRING", {"default": "", "placeholder": "512:4, 1024:1", "tooltip": _BATCH_SIZES_TOOLTIP}),
         }}
 
     @classmethod
@@ -296,6 +308,9 @@ def describe(folders, resolution, repeats, *options, **named) -> tuple[DatasetSp
         lines.append(f"samples per training size: {bucket_report(spec, result.items)}")
     if options_summary(spec):
         lines.append(options_summary(spec))
+    if spec.batch_sizes:
+        lines.append("batch size per resolution: " + ", ".join(f"{r} px: {b}" for r, b in spec.batch_sizes) +
+                     " (other resolutions: Train Pipeline's batch_size).")
     for line in lines:
         log.info("PipeTrain LoadDataset: %s", line)
     rows = result.report + ((("folder_line", len(notes), tuple(notes[:EXAMPLES_SHOWN])),) if notes else ())

@@ -27,7 +27,15 @@ from ..engine.sample_files import unsupported_reason
 from . import compat, ui_feed
 from .cluster import announce_other_nodes, cluster_input, launch_cluster
 from .model_sources import model_source
-from .preflight import check_batch, check_cache_opens, check_devices, check_model, check_sample_size, part_inputs
+from .preflight import (
+    check_batch,
+    check_batch_sizes,
+    check_cache_opens,
+    check_devices,
+    check_model,
+    check_sample_size,
+    part_inputs,
+)
 from .runs import (
     RESUME_LATEST,
     RESUME_OFF,
@@ -181,6 +189,7 @@ class PipeTrainTrainPipeline:
         for part in cache.parts:  # chained datasets: every cache (LoadDataset's add_to)
             check_cache_opens(part.cache_dir)
             check_batch(batch_size, part)
+        check_batch_sizes(cache, batch_size, memory.pipeline_stages)
         found = check_model(model_name, model_path, lora, {**part_inputs(cache), "eval_cache": eval_cache},
                             train.timestep_shift, cfg.objective)
         prompts = parse_prompts(sample_prompts)

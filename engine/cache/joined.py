@@ -74,6 +74,9 @@ class JoinedCaches:
     def buckets(self) -> list[str]:
         return joined_buckets([p.buckets() for p in self.parts])
 
+    def batches(self) -> list[int]:
+        return [b for p in self.parts for b in p.batches()]
+
     def caption_lines(self, i: int) -> list[int]:
         part, j = self._find(i)
         return part.caption_lines(j)

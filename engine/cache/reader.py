@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from ..data.batch_sizes import item_batches
 from .caption_store import has_empty_caption, read_empty_caption, read_variant, swap_caption
 from .format import CacheError, CacheSpec, read_manifest
 from .legacy import LegacyItems
@@ -58,6 +59,14 @@ class CachedDataset:
         if self._repeats is None:
             self._repeats = self._store.repeats()  # the table's value: see fingerprint() on why
         return int(self._repeats[i])
+
+    def batches(self) -> list[int]:
+        """Per item, its micro batch size by LoadDataset's batch_sizes (engine/data/batch_sizes.py); 0 = the
+        run's batch_size (no entry for its resolution, or a cache made before batch_sizes existed)."""
+        dataset = self.manifest.get("dataset") or {}
+        if not dataset.get("batch_sizes"):
+            return [0] * len(self)
+        return item_batches(dataset, [tuple(it["size"]) for it in self.items])
 
     def buckets(self) -> list[str]:
         """Per item, the key of the batches it may join (shapes_bucket); caches written before buckets

@@ -38,6 +38,8 @@ from PIL import Image
 from . import frame_rates as fr
 from .frame_buckets import check_clip_settings, clip_lengths, parse_frame_buckets
 from .frame_picks import BEGINNING
+from .batch_sizes import check_batch_sizes
+from .batch_sizes import from_json as batch_pairs
 from .buckets import bucket_sizes, merged_buckets_notice, nearest_bucket
 from .caption_variants import check_caption_options
 from .captions import MAX_CAPTION_CHARS, read_caption
@@ -119,6 +121,9 @@ class DatasetSpec:
     # the other datasets of the run, each with all its own settings (LoadDataset's add_to;
     # engine/data/dataset_chain.py); flat: a part's own `more` is always ()
     more: tuple["DatasetSpec", ...] = ()
+    # (resolution, micro batch) pairs: that resolution's batches hold this many (engine/data/batch_sizes.py);
+    # () = the run's batch_size everywhere. Not in the fingerprint: it changes no tensor
+    batch_sizes: tuple[tuple[int, int], ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         # optional settings only when set: the dicts of older specs stay equal (trust_cache compares them)
@@ -130,7 +135,8 @@ class DatasetSpec:
                                    ("caption_dropout", self.caption_dropout),
                                    ("frame_buckets", list(self.frame_buckets)),
                                    ("clip_mode", self.clip_mode != BEGINNING and self.clip_mode),
-                                   ("more", [part.to_dict() for part in self.more])) if v}
+                                   ("more", [part.to_dict() for part in self.more]),
+                                   ("batch_sizes", [list(p) for p in self.batch_sizes])) if v}
         return {"folders": [f.to_dict() for f in self.folders], "resolution": self.resolution,
                 "caption_ext": self.caption_ext, "version": self.version, "aspect_ratios": list(self.aspect_ratios),
                 "extra_resolutions": list(self.extra_resolutions), "bucket_multiple": self.bucket_multiple,
@@ -181,6 +187,8 @@ class DatasetSpec:
             kw["frame_buckets"] = parse_frame_buckets(kw["frame_buckets"])
         if "more" in kw:
             kw["more"] = chained_parts(kw["more"], cls.from_dict)
+        if "batch_sizes" in kw:
+            kw["batch_sizes"] = batch_pairs(kw["batch_sizes"])
         return cls(**kw)
 
     def check(self) -> None:
@@ -230,6 +238,7 @@ class DatasetSpec:
                                    "control images in a folder of their own, or they are trained as images.")
             if key:
                 seen[key] = setting
+        check_batch_sizes(self.batch_sizes, self.resolutions)
         check_chain(self)
 
 
