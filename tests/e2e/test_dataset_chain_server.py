@@ -8,6 +8,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+import requests
 
 from tools.comfy_server import ComfyError
 from tools.demo import training_prompt
@@ -64,3 +65,21 @@ def test_a_folder_in_both_chained_datasets_is_refused_before_anything_is_cached(
     with pytest.raises(ComfyError, match="each folder may belong to one dataset only"):
         comfy_server.run(prompt, timeout=300)
     assert not (tmp_path / "first" / ".pipetrain_cache").exists()
+
+
+def test_chained_datasets_cache_on_two_processes_each(comfy_server, demo_base, tmp_path):
+    """Cache Latents' gpus input: each chained dataset is encoded by the engine's cache mode on its own."""
+    second = tmp_path / "second"
+    write_tiny_dataset(str(second), n=3, size=128, seed=6)
+    prompt, ids = _chained(demo_base, tmp_path, "chained_gpus", {"folders": str(second)})
+    prompt[ids["PipeTrainCacheLatents"]]["inputs"]["gpus"] = 2
+    prompt[ids["PipeTrainTrainPipeline"]]["inputs"]["batch_size"] = 256  # stops right after caching
+    prompt_id = comfy_server.queue(prompt)
+    with pytest.raises(ComfyError, match="batch_size is 256"):
+        comfy_server.wait(prompt_id, timeout=600)
+    history = requests.get(f"{comfy_server.url}/history/{prompt_id}", timeout=30).json()[prompt_id]
+    report = history["outputs"][ids["PipeTrainCacheLatents"]]["text"]
+    for name, count in (("first", 8), ("second", 3)):
+        assert any(line.startswith(f"dataset {1 if name == 'first' else 2} ({name}): encoded on 2 processes: ")
+                   and f"{count} encoded" in line for line in report), report
+        assert len(list((tmp_path / name / ".pipetrain_cache").glob("*/manifest.json"))) == 1
