@@ -88,3 +88,12 @@ def test_runs_of_different_sizes_one_per_micro_step_each_item_by_its_repeats():
     assert [again.item_at(p) for p in range(40)] == [stream.item_at(p) for p in range(40)]
     other = SampleStream(repeats, seed=10, buckets=buckets, batch=2, batches=batches)
     assert [other.item_at(p) for p in range(40)] != [stream.item_at(p) for p in range(40)]
+
+
+def test_the_headless_cache_config_takes_batch_sizes_and_refuses_bad_ones(tmp_path):
+    from headless_config import cache_config_error
+
+    error = cache_config_error(tmp_path)
+    assert "dataset: batch_sizes sets 768:2, but the dataset trains at 64 only" in error(batch_sizes=[[768, 2]])
+    assert "dataset.batch_sizes must be a list of [resolution, batch] pairs" in error(batch_sizes="64:2")
+    assert "no VAE" in error(batch_sizes=[[64, 2]])  # good: the next missing setting is the VAE
