@@ -8,6 +8,7 @@ engine's headless cache mode (`python -m engine cache`) runs it on N ranks.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 
@@ -25,6 +26,7 @@ from ..engine.cache.writer import (
     plan_cache,
     write_item,
 )
+from ..engine.data.dataset_chain import part_name
 from ..engine.data.scan import DatasetSpec
 from . import compat
 from .cache_on_ranks import cache_on_ranks
@@ -110,14 +112,37 @@ class PipeTrainCacheLatents:
                trust_cache: bool = False, clip_vision=None, clip_vision_crop: str = "center",
                first_frame_style: str = DEFAULT_STYLE, control_style: str = CONTROL_STYLES[0], gpus: int = 1,
                prompt=None, unique_id=None):
-        """Plan, encode and finish the cache; returns (CacheSpec, the report's lines, its rows by reason).
-        gpus above 1: the ranks encode first (nodes/cache_on_ranks.py), then this finds every item cached."""
-        conflict = control_style_conflict(control_style, first_frame_conditioning, dataset.control_folder)
-        if conflict:
-            raise CacheError(conflict)
+        """Plan, encode and finish the cache of each chained dataset (LoadDataset's add_to), one after another
+        with the same encoders; returns (CacheSpec listing every part's cache, the report's lines, its rows by
+        reason). gpus above 1: the ranks encode first (nodes/cache_on_ranks.py), then this finds every item cached."""
+        parts = dataset.parts
+        for number, part in enumerate(parts, start=1):  # every part's conflicts before any is encoded
+            conflict = control_style_conflict(control_style, first_frame_conditioning, part.control_folder)
+            if conflict:
+                raise CacheError(conflict if len(parts) == 1 else f"{part_name(part, number)}: {conflict}")
         options = ItemOptions(first_frame_style if first_frame_conditioning else "", clip_vision,
                               clip_vision_crop != "none", control_style)
         identity = cache_identity(vae, clip, options)
+        for part in parts:  # the VAE's clip-length rule: before any part is encoded
+            check_clip_lengths(part, vae)
+        ranks = dict(first_frame_conditioning=first_frame_conditioning, first_frame_style=first_frame_style,
+                     control_style=control_style, clip_vision_crop=clip_vision_crop)
+        done = [self._encode_part(part, vae, clip, regenerate, options, identity, trust_cache, gpus, ranks,
+                                  encoder_files(prompt, unique_id, clip_vision is not None) if gpus > 1 else None)
+                for part in parts]
+        if len(done) == 1:
+            return done[0]
+        lines, rows = [], ()
+        for number, (part, (spec, part_lines, part_rows)) in enumerate(zip(parts, done), start=1):
+            lines += [f"{part_name(part, number)}: {line}" for line in part_lines]
+            rows += tuple(part_rows)
+        first = done[0][0]
+        return dataclasses.replace(first, more=tuple(d[0] for d in done[1:])), lines, rows
+
+    @staticmethod
+    def _encode_part(dataset: DatasetSpec, vae, clip, regenerate: bool, options: ItemOptions, identity: dict,
+                     trust_cache: bool, gpus: int, ranks: dict, files):
+        """One dataset's cache, as CacheLatents made it before datasets could be chained."""
         notes: list[str] = []  # what the report says before the warnings
         warnings: list[str] = []
 
@@ -128,9 +153,8 @@ class PipeTrainCacheLatents:
         def warn(message: str) -> None:
             warnings.append(message)
             log.warning("PipeTrain CacheLatents: %s", message)
-        # target_fps "auto" becomes the rate of the VAE's video model, and clip lengths must suit the VAE: LoadDataset
-        # cannot know it
-        check_clip_lengths(dataset, vae)
+        # target_fps "auto" becomes the rate of the VAE's video model (clip lengths were checked against the VAE
+        # above): LoadDataset cannot know it
         dataset = resolve_target_fps(dataset, vae, note, warn)
         if trust_cache and not regenerate:
             trusted = find_trusted_cache(dataset, identity)
@@ -141,10 +165,7 @@ class PipeTrainCacheLatents:
                 return trusted, [line, *notes, *warnings], ()
             log.info("PipeTrain CacheLatents: trust_cache is on but no complete cache matches; checking every file")
         if gpus > 1:
-            files = encoder_files(prompt, unique_id, clip_vision is not None)
-            ranks_said = cache_on_ranks(dataset, files, gpus, identity_text(identity), regenerate, dict(
-                first_frame_conditioning=first_frame_conditioning, first_frame_style=first_frame_style,
-                control_style=control_style, clip_vision_crop=clip_vision_crop))
+            ranks_said = cache_on_ranks(dataset, files, gpus, identity_text(identity), regenerate, ranks)
             note(f"encoded on {gpus} processes: {ranks_said}")
             regenerate = False  # the ranks did; what follows reads their cache
         plan = plan_cache(dataset, identity, warn)

@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import logging
 
+from ..engine.data.batch_sizes import parse_batch_sizes
 from ..engine.data.buckets import BucketError, parse_aspect_ratios, parse_resolutions
 from ..engine.data.caption_variants import MAX_KEEP_TOKENS, MAX_TAG_SHUFFLES, options_summary
+from ..engine.data.dataset_chain import join, part_name
 from ..engine.data.folders import resolve_extra_folder
 from ..engine.data.frame_buckets import parse_frame_buckets
 from ..engine.data.frame_picks import BEGINNING, CLIP_MODES
@@ -43,6 +45,22 @@ _LINKS_TOOLTIP = (
     "Off: a file that is a link to somewhere outside its folder (an image, caption, mask or control image) is not "
     "read; it is skipped and listed, so a link cannot pull in files from elsewhere on this machine. On: links are "
     "followed wherever they point. Links that stay inside the folder always work.")
+
+
+_ADD_TO_TOOLTIP = (
+    "Optional: another LoadDataset's dataset output. This node's dataset joins it, so one run trains several "
+    "datasets, each with all of its own settings here (resolution, aspect_ratios, repeats, video_frames, caption "
+    "options...): chain the nodes A -> add_to of B -> add_to of C and connect the last to Cache Latents. Each dataset "
+    "is cached on its own; training draws from all of them in one shuffled order, each image as often as its repeats "
+    "say, and a batch never mixes datasets. A folder may be in one dataset only. Leave unconnected for one dataset.")
+
+
+_BATCH_SIZES_TOOLTIP = (
+    "Batch size per resolution, e.g. '512:4, 1024:1' (diffusion-pipe's micro_batch_size_per_gpu list): batches of "
+    "this dataset's 512 px samples hold 4, its 1024 px samples 1, so large sizes fit in memory and small ones train "
+    "fast. Resolutions not listed use Train Pipeline's batch_size. Each must be the resolution or one of the "
+    "extra_resolutions. Changes no cached tensor (nothing is encoded again). Not with pipeline_stages above 1. "
+    "Empty: batch_size everywhere.")
 
 
 def _input_dir() -> str | None:
@@ -139,7 +157,8 @@ def build_spec(folders: str, resolution: int, repeats: int, aspect_ratios: str =
                bucket_multiple: int = 64, video_frames: int = 0, frame_stride: int = 1, mask_folder: str = "",
                control_folder: str = "", follow_links: bool = False, target_fps: str = AUTO,
                caption_prefix: str = "", caption_lines: bool = False, tag_shuffles: int = 0, keep_tokens: int = 0,
-               caption_dropout: float = 0.0, frame_buckets: str = "", clip_mode: str = BEGINNING) -> DatasetSpec:
+               caption_dropout: float = 0.0, frame_buckets: str = "", clip_mode: str = BEGINNING,
+               batch_sizes: str = "") -> DatasetSpec:
     if not (isinstance(repeats, int) and repeats >= 1):
         raise DatasetError(f"repeats is {repeats}: use a whole number of 1 or more.")
     try:
@@ -154,7 +173,8 @@ def build_spec(folders: str, resolution: int, repeats: int, aspect_ratios: str =
                        follow_links=bool(follow_links), target_fps=parse_target_fps(target_fps),
                        caption_prefix=caption_prefix, caption_lines=bool(caption_lines), tag_shuffles=tag_shuffles,
                        keep_tokens=keep_tokens, caption_dropout=float(caption_dropout),
-                       frame_buckets=parse_frame_buckets(frame_buckets), clip_mode=clip_mode)
+                       frame_buckets=parse_frame_buckets(frame_buckets), clip_mode=clip_mode,
+                       batch_sizes=parse_batch_sizes(batch_sizes))
     spec.check()
     return spec
 
@@ -204,6 +224,8 @@ class PipeTrainLoadDataset:
                                            "set their own ' | repeats=N'. Use it to balance small folders against "
                                            "large ones."}),
         }, "optional": {
+            # a link, not a widget: saved workflows' widget values keep their positions
+            "add_to": (DATASET, {"tooltip": _ADD_TO_TOOLTIP}),
             "aspect_ratios": ("STRING", {"default": "", "tooltip": _ASPECT_TOOLTIP}),
             "extra_resolutions": ("STRING", {"default": "", "tooltip": _RESOLUTIONS_TOOLTIP}),
             "bucket_multiple": ("INT", {"default": 64, "min": 8, "max": 64, "step": 8, "tooltip": _MULTIPLE_TOOLTIP}),
@@ -222,12 +244,13 @@ class PipeTrainLoadDataset:
                                           "tooltip": _DROPOUT_TOOLTIP}),
             "frame_buckets": ("STRING", {"default": "", "placeholder": "17, 33, 65", "tooltip": _BUCKETS_TOOLTIP}),
             "clip_mode": (list(CLIP_MODES), {"default": BEGINNING, "tooltip": _CLIP_MODE_TOOLTIP}),
+            "batch_sizes": ("STRING", {"default": "", "placeholder": "512:4, 1024:1", "tooltip": _BATCH_SIZES_TOOLTIP}),
         }}
 
     @classmethod
     def IS_CHANGED(cls, folders, resolution, repeats, aspect_ratios="", extra_resolutions="", bucket_multiple=64,
                    video_frames=0, frame_stride=1, mask_folder="", control_folder="", follow_links=False,
-                   target_fps=AUTO, *captions, **caption_options):
+                   target_fps=AUTO, *captions, add_to=None, **caption_options):
         # Names, sizes, mtimes and status-change times only (no file is read): cheap enough to run on every
         # queue, and any added, edited or re-captioned file makes ComfyUI run the node (and CacheLatents) again.
         try:
@@ -238,14 +261,28 @@ class PipeTrainLoadDataset:
         except (DatasetError, OSError):
             return float("nan")  # never equal to itself: run the node, which reports the error
 
-    def load_and_report(self, folders, resolution, repeats, *options, **named):
+    def load_and_report(self, folders, resolution, repeats, *options, add_to=None, **named):
         """What ComfyUI runs: load(), with the dataset report on the node (and in /history). options: the
-        optional inputs, as build_spec takes them."""
+        optional inputs, as build_spec takes them; add_to: the datasets this one joins."""
         spec, lines, rows = describe(folders, resolution, repeats, *options, **named)
+        spec, lines = joined(add_to, spec, lines)
         return {"ui": {"text": lines, "pipetrain_report": report_rows(rows)}, "result": (spec,)}
 
-    def load(self, folders, resolution, repeats, *options, **named):
-        return (describe(folders, resolution, repeats, *options, **named)[0],)
+    def load(self, folders, resolution, repeats, *options, add_to=None, **named):
+        spec, lines, _ = describe(folders, resolution, repeats, *options, **named)
+        return (joined(add_to, spec, lines)[0],)
+
+
+def joined(add_to: DatasetSpec | None, spec: DatasetSpec, lines: list[str]) -> tuple[DatasetSpec, list[str]]:
+    """The chain with this dataset added (add_to unconnected: the dataset alone), and the report's lines with
+    a first one saying where it stands in the chain."""
+    if add_to is None:
+        return spec, lines
+    chain = join(add_to, spec)
+    line = (f"{part_name(spec, len(chain.parts))} joins {len(chain.parts) - 1} dataset(s) of this run; each is "
+            "cached on its own and trained in one sample order, weighted by its repeats.")
+    log.info("PipeTrain LoadDataset: %s", line)
+    return chain, [line, *lines]
 
 
 def describe(folders, resolution, repeats, *options, **named) -> tuple[DatasetSpec, list[str], tuple]:
@@ -271,6 +308,9 @@ def describe(folders, resolution, repeats, *options, **named) -> tuple[DatasetSp
         lines.append(f"samples per training size: {bucket_report(spec, result.items)}")
     if options_summary(spec):
         lines.append(options_summary(spec))
+    if spec.batch_sizes:
+        lines.append("batch size per resolution: " + ", ".join(f"{r} px: {b}" for r, b in spec.batch_sizes) +
+                     " (other resolutions: Train Pipeline's batch_size).")
     for line in lines:
         log.info("PipeTrain LoadDataset: %s", line)
     rows = result.report + ((("folder_line", len(notes), tuple(notes[:EXAMPLES_SHOWN])),) if notes else ())

@@ -332,3 +332,22 @@ def check_devices(launch: LaunchSpec) -> bool:
         raise ConfigError(f"{what} asks for GPU(s) {bad} but this machine shows {visible} GPU(s) (numbered 0 to "
                           f"{visible - 1}): lower num_gpus or fix gpu_ids.")
     return True
+
+
+def part_inputs(cache) -> dict:
+    """The training caches check_model checks, by the name its messages use: 'cache', then with chained
+    datasets (LoadDataset's add_to) 'cache (dataset 2)' and on."""
+    return {("cache" if n == 1 else f"cache (dataset {n})"): part for n, part in enumerate(cache.parts, start=1)}
+
+
+def check_batch_sizes(cache, batch_size: int, pipeline_stages: int) -> None:
+    """LoadDataset's batch_sizes (kept in each cache's manifest) that differ from batch_size need a data-parallel
+    run: refused before launch as each rank would (engine/train/sample_order.py)."""
+    from ..engine.data.batch_sizes import check_varied_batches
+
+    for part in cache.parts:
+        try:
+            dataset = json.loads(Path(part.cache_dir, "manifest.json").read_text(encoding="utf-8")).get("dataset") or {}
+        except (OSError, ValueError, AttributeError):
+            continue  # the engine reports an unreadable cache itself
+        check_varied_batches(any(b != batch_size for _, b in dataset.get("batch_sizes", [])), pipeline_stages)

@@ -27,7 +27,15 @@ from ..engine.sample_files import unsupported_reason
 from . import compat, ui_feed
 from .cluster import announce_other_nodes, cluster_input, launch_cluster
 from .model_sources import model_source
-from .preflight import check_batch, check_cache_opens, check_devices, check_model, check_sample_size
+from .preflight import (
+    check_batch,
+    check_batch_sizes,
+    check_cache_opens,
+    check_devices,
+    check_model,
+    check_sample_size,
+    part_inputs,
+)
 from .runs import (
     RESUME_LATEST,
     RESUME_OFF,
@@ -168,7 +176,8 @@ class PipeTrainTrainPipeline:
         launch = LaunchSpec(num_gpus=num_gpus, gpu_ids=o.gpu_ids.strip().replace(" ", ""),
                             backend=launcher.resolve_backend(o.backend), cluster=launch_cluster(cluster))
         cfg = RunConfig(run_name=run_name.strip(), run_dir="", comfyui_root=compat.comfyui_root(),
-                        model_path=model_path, cache_dir=cache.cache_dir, lora=lora, memory=memory, train=train,
+                        model_path=model_path, cache_dir=cache.cache_dir,
+                        more_cache_dirs=tuple(part.cache_dir for part in cache.more), lora=lora, memory=memory, train=train,
                         launch=launch, eval=eval_spec(eval_cache, cache, o.eval_every, o.eval_before_start,
                                                       o.eval_early_stop),
                         objective=objective or ObjectiveSpec(), resume=resume != RESUME_OFF,
@@ -181,9 +190,11 @@ class PipeTrainTrainPipeline:
                                                        eval=cfg.eval.enabled or resume != RESUME_OFF))
         cfg.check_files()  # before any folder is made; the samples' prompts file is written below
         cuda = check_devices(launch)
-        check_cache_opens(cache.cache_dir)
-        check_batch(batch_size, cache)
-        found = check_model(model_name, model_path, lora, {"cache": cache, "eval_cache": eval_cache},
+        for part in cache.parts:  # chained datasets: every cache (LoadDataset's add_to)
+            check_cache_opens(part.cache_dir)
+            check_batch(batch_size, part)
+        check_batch_sizes(cache, batch_size, memory.pipeline_stages)
+        found = check_model(model_name, model_path, lora, {**part_inputs(cache), "eval_cache": eval_cache},
                             train.timestep_shift, cfg.objective)
         prompts = parse_prompts(sample_prompts)
         notice = unsupported_reason(memory.pipeline_stages) if prompts else ""

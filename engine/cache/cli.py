@@ -21,6 +21,7 @@ from datetime import timedelta
 
 from ..config.cache import CacheConfig
 from ..config.checks import ConfigError
+from ..data.dataset_chain import part_name
 from ..data.messages import DatasetError
 from .format import CacheError, remove_cache
 
@@ -72,14 +73,7 @@ def run_rank(cfg: CacheConfig, worker: bool) -> int:
     from ..launch.comfy_bootstrap import import_comfy
     from .encoders import cache_identity, identity_text
     from .items import ItemOptions
-    from .vae_frame_rate import check_clip_lengths, resolve_target_fps
-    from .writer import (
-        ShardResult,
-        encode_shard,
-        find_trusted_cache,
-        finish_cache,
-        plan_cache,
-    )
+    from .vae_frame_rate import check_clip_lengths
 
     rank, world = (int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))) if worker else (0, 1)
     if torch.cuda.is_available():  # before ComfyUI picks its device: each rank its own GPU
@@ -96,45 +90,59 @@ def run_rank(cfg: CacheConfig, worker: bool) -> int:
                              f"{identity_text(identity)}, expected {cfg.expect_identity}): the graph changes them after loading (CLIP Set Last "
                              "Layer, a LoRA on the text encoder, ...). Cache with gpus 1 (the graph's own encoders), "
                              "or connect the loaders straight to CacheLatents.")
-        check_clip_lengths(cfg.dataset, vae)  # before any rank encodes: the VAE's 4k+1 (8k+1...) rule
-        dataset = resolve_target_fps(cfg.dataset, vae, lambda m: _say(rank, m), lambda m: _say(rank, f"warning: {m}"))
-        if cfg.trust_cache and not cfg.regenerate:
-            trusted = find_trusted_cache(dataset, identity)  # every rank finds the same one
-            if trusted is not None:
-                _say(rank, f"trust_cache is on, reusing {trusted.cache_dir} without checking the files")
-                return 0
-            _say(rank, "trust_cache is on but no complete cache matches; checking every file")
-        plan = plan_cache(dataset, identity, lambda m: _say(0, f"warning: {m}")) if rank == 0 else None
-        if world > 1:  # the others take rank 0's scan: the files are read once, and every rank has the same plan
-            box = [plan]
-            dist.broadcast_object_list(box, src=0)
-            plan = box[0]
-            if plan.identity != identity:
-                raise CacheError(f"rank {rank} loaded other encoders than rank 0 (identity {identity} vs "
-                                 f"{plan.identity}): every rank must see the same model files.")
-        if rank == 0 and cfg.regenerate and plan.cache_dir.exists():
-            _say(rank, f"regenerate is on, deleting {plan.cache_dir}")
-            remove_cache(plan.cache_dir)
-        if world > 1:
-            dist.barrier()  # nobody writes into the folder rank 0 is deleting
-        start, mine = time.monotonic(), len(range(rank, len(plan.entries), world))
-        _say(rank, f"{len(plan.entries)} item(s) on {world} rank(s) -> {plan.cache_dir}")
-        result = encode_shard(plan, vae, clip, rank, world, cfg.regenerate, options,
-                              progress=_progress(rank, mine, start))
-        parts = [result]
-        if world > 1:
-            parts = [None] * world
-            dist.all_gather_object(parts, result)
-        if rank != 0:
-            return 0
-        merged = ShardResult.merge(parts)
-        spec = finish_cache(plan, merged, lambda m: _say(0, f"warning: {m}"))
-        _say(rank, f"{merged.reused} item(s) reused, {merged.copied} copied from the previous cache, {merged.encoded} "
-                   f"encoded in {time.monotonic() - start:.1f}s -> {spec.cache_dir} ({spec.count} item(s))")
+        for part in cfg.dataset.parts:  # before any rank encodes: the VAE's 4k+1 (8k+1...) rule, every dataset
+            check_clip_lengths(part, vae)
+        for number, part in enumerate(cfg.dataset.parts, start=1):  # chained datasets: each cached on its own
+            if len(cfg.dataset.parts) > 1:
+                _say(rank, f"{part_name(part, number)} of {len(cfg.dataset.parts)}")
+            _cache_part(cfg, part, rank, world, vae, clip, options, identity)
         return 0
     finally:
         if world > 1 and dist.is_initialized():
             dist.destroy_process_group()
+
+
+def _cache_part(cfg: CacheConfig, part, rank: int, world: int, vae, clip, options, identity) -> None:
+    """One dataset's cache on every rank (rank 0 writes the metadata table and manifest)."""
+    import torch.distributed as dist
+
+    from .vae_frame_rate import resolve_target_fps
+    from .writer import ShardResult, encode_shard, find_trusted_cache, finish_cache, plan_cache
+
+    dataset = resolve_target_fps(part, vae, lambda m: _say(rank, m), lambda m: _say(rank, f"warning: {m}"))
+    if cfg.trust_cache and not cfg.regenerate:
+        trusted = find_trusted_cache(dataset, identity)  # every rank finds the same one
+        if trusted is not None:
+            _say(rank, f"trust_cache is on, reusing {trusted.cache_dir} without checking the files")
+            return
+        _say(rank, "trust_cache is on but no complete cache matches; checking every file")
+    plan = plan_cache(dataset, identity, lambda m: _say(0, f"warning: {m}")) if rank == 0 else None
+    if world > 1:  # the others take rank 0's scan: the files are read once, and every rank has the same plan
+        box = [plan]
+        dist.broadcast_object_list(box, src=0)
+        plan = box[0]
+        if plan.identity != identity:
+            raise CacheError(f"rank {rank} loaded other encoders than rank 0 (identity {identity} vs "
+                             f"{plan.identity}): every rank must see the same model files.")
+    if rank == 0 and cfg.regenerate and plan.cache_dir.exists():
+        _say(rank, f"regenerate is on, deleting {plan.cache_dir}")
+        remove_cache(plan.cache_dir)
+    if world > 1:
+        dist.barrier()  # nobody writes into the folder rank 0 is deleting
+    start, mine = time.monotonic(), len(range(rank, len(plan.entries), world))
+    _say(rank, f"{len(plan.entries)} item(s) on {world} rank(s) -> {plan.cache_dir}")
+    result = encode_shard(plan, vae, clip, rank, world, cfg.regenerate, options,
+                          progress=_progress(rank, mine, start))
+    parts = [result]
+    if world > 1:
+        parts = [None] * world
+        dist.all_gather_object(parts, result)
+    if rank != 0:
+        return
+    merged = ShardResult.merge(parts)
+    spec = finish_cache(plan, merged, lambda m: _say(0, f"warning: {m}"))
+    _say(rank, f"{merged.reused} item(s) reused, {merged.copied} copied from the previous cache, {merged.encoded} "
+               f"encoded in {time.monotonic() - start:.1f}s -> {spec.cache_dir} ({spec.count} item(s))")
 
 
 def _progress(rank: int, total: int, start: float):

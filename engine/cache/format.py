@@ -79,25 +79,35 @@ class CacheError(ValueError):
 
 @dataclass(frozen=True)
 class CacheSpec:
-    """The PIPETRAIN_CACHE node output: where a complete cache is and what it holds."""
+    """The PIPETRAIN_CACHE node output: where a complete cache is and what it holds. With chained datasets
+    (LoadDataset's add_to) `more` holds the other datasets' caches, flat, in the chain's order."""
     cache_dir: str
     fingerprint: str
     count: int
     latent_shape: tuple[int, ...]
+    more: tuple["CacheSpec", ...] = ()
+
+    @property
+    def parts(self) -> tuple["CacheSpec", ...]:
+        return (dataclasses.replace(self, more=()),) + tuple(self.more)
 
     def to_dict(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        d["latent_shape"] = list(self.latent_shape)
-        return d
+        d = {"cache_dir": self.cache_dir, "fingerprint": self.fingerprint, "count": self.count,
+             "latent_shape": list(self.latent_shape)}
+        return {**d, "more": [p.to_dict() for p in self.more]} if self.more else d
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "CacheSpec":
-        names = {f.name for f in dataclasses.fields(cls)}
-        if not isinstance(data, dict) or set(data) != names:
-            raise CacheError(f"cache spec must have exactly the keys {sorted(names)}; got {data!r}. "
+        names = {"cache_dir", "fingerprint", "count", "latent_shape"}
+        if not isinstance(data, dict) or set(data) - {"more"} != names:
+            raise CacheError(f"cache spec must have exactly the keys {sorted(names)} (and 'more'); got {data!r}. "
+                             "Run CacheLatents again.")
+        more = data.get("more", [])
+        if not isinstance(more, list) or any(isinstance(p, dict) and "more" in p for p in more):
+            raise CacheError(f"cache spec's 'more' must be a flat list of cache specs; got {more!r}. "
                              "Run CacheLatents again.")
         return cls(str(data["cache_dir"]), str(data["fingerprint"]), int(data["count"]),
-                   tuple(int(x) for x in data["latent_shape"]))
+                   tuple(int(x) for x in data["latent_shape"]), tuple(cls.from_dict(p) for p in more))
 
 
 # ---- naming --------------------------------------------------------------------------------

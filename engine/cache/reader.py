@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from ..data.batch_sizes import item_batches
 from .caption_store import has_empty_caption, read_empty_caption, read_variant, swap_caption
 from .format import CacheError, CacheSpec, read_manifest
 from .legacy import LegacyItems
@@ -59,6 +60,14 @@ class CachedDataset:
             self._repeats = self._store.repeats()  # the table's value: see fingerprint() on why
         return int(self._repeats[i])
 
+    def batches(self) -> list[int]:
+        """Per item, its micro batch size by LoadDataset's batch_sizes (engine/data/batch_sizes.py); 0 = the
+        run's batch_size (no entry for its resolution, or a cache made before batch_sizes existed)."""
+        dataset = self.manifest.get("dataset") or {}
+        if not dataset.get("batch_sizes"):
+            return [0] * len(self)
+        return item_batches(dataset, [tuple(it["size"]) for it in self.items])
+
     def buckets(self) -> list[str]:
         """Per item, the key of the batches it may join (shapes_bucket); caches written before buckets
         existed hold one latent size and get one key."""
@@ -89,6 +98,14 @@ class CachedDataset:
         """Item i with its caption encoding k (0: the item as stored)."""
         item = self[i]
         return item if k == 0 else swap_caption(item, *read_variant(*self._store.caption_variant(i, k), k))
+
+    def dropout_of(self, i: int) -> float:
+        """The caption_dropout item i trains with (chained datasets: its own dataset's; engine/cache/joined.py)."""
+        return self.caption_dropout
+
+    def without_caption(self, i: int, item: dict[str, Any]) -> dict[str, Any]:
+        """Item i (as `item`, with the caption it was picked with) trained with the empty caption."""
+        return self.with_empty_caption(item)
 
     def with_empty_caption(self, item: dict[str, Any]) -> dict[str, Any]:
         """The item trained with the empty caption (caption_dropout)."""

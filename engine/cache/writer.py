@@ -65,7 +65,8 @@ FAILURES_SHOWN = 5
 def find_trusted_cache(dataset: DatasetSpec, identity: dict, to_copy: bool = False) -> CacheSpec | None:
     """The newest complete cache for these encoders and dataset settings, found without touching the
     dataset's files (only the cache folder's manifests are read). to_copy: a cache to copy items from,
-    whose caption_dropout may differ (it changes no stored tensor; a trusted cache trains with its own)."""
+    whose caption_dropout and batch_sizes may differ (they change no stored tensor; a trusted cache trains with
+    its own)."""
     root = os.path.join(dataset.folders[0].path, CACHE_FOLDER)
     want_dataset = _settings(dataset.to_dict(), to_copy)
     want_encoders = json.loads(json.dumps(identity, default=str))
@@ -86,8 +87,9 @@ def find_trusted_cache(dataset: DatasetSpec, identity: dict, to_copy: bool = Fal
 def _settings(dataset: dict | None, to_copy: bool) -> dict | None:
     """A manifest's dataset settings as find_trusted_cache compares them (JSON round trip: tuples are lists)."""
     out = json.loads(json.dumps(dataset))
-    if to_copy and isinstance(out, dict):
+    if to_copy and isinstance(out, dict):  # settings that change no stored tensor
         out.pop("caption_dropout", None)
+        out.pop("batch_sizes", None)
     return out
 
 

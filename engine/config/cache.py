@@ -61,10 +61,12 @@ class CacheConfig:
             self.dataset.check()
         except DatasetError as e:
             raise ConfigError(f"dataset: {e}") from None
-        for setting, folder in [(f"dataset.folders[{i}]", f.path) for i, f in enumerate(self.dataset.folders)] + \
-                [("dataset.mask_folder", self.dataset.mask_folder), ("dataset.control_folder", self.dataset.control_folder)]:
-            _check(not folder or os.path.isdir(folder), f"{setting}: the folder {folder} does not exist; fix the path "
-                   "(relative paths are read against the config file's folder).")
+        for n, part in enumerate(self.dataset.parts):  # chained datasets: dataset.more[n - 1]
+            where = "dataset" if n == 0 else f"dataset.more[{n - 1}]"
+            for setting, folder in [(f"{where}.folders[{i}]", f.path) for i, f in enumerate(part.folders)] + \
+                    [(f"{where}.mask_folder", part.mask_folder), (f"{where}.control_folder", part.control_folder)]:
+                _check(not folder or os.path.isdir(folder), f"{setting}: the folder {folder} does not exist; fix the "
+                       "path (relative paths are read against the config file's folder).")
         _check(bool(self.vae or self.checkpoint), "no VAE: set \"vae\" to a VAE file, or \"checkpoint\" to a "
                "checkpoint that contains one.")
         _check(bool(self.clip or self.checkpoint), "no text encoder: set \"clip\" to the text encoder file(s), or "
@@ -171,20 +173,28 @@ def model_file(name: str, base_dir: str, models_dir: str, folders: tuple[str, ..
 
 
 def _dataset(value: Any, base_dir: str) -> DatasetSpec:
-    """The dataset section: DatasetSpec's JSON, folders as {"path", "repeats"} or plain paths."""
-    _check(isinstance(value, dict), "dataset must be a JSON object like {\"folders\": [\"cats\"], \"resolution\": 512}.")
+    """The dataset section: DatasetSpec's JSON, folders as {"path", "repeats"} or plain paths; chained datasets
+    in its "more" list, each written the same way."""
+    data = _absolute_folders(value, base_dir, "dataset")
+    if isinstance(data.get("more"), list):
+        data["more"] = [_absolute_folders(part, base_dir, f"dataset.more[{i}]") for i, part in enumerate(data["more"])]
+    try:
+        return DatasetSpec.from_dict(data)
+    except (DatasetError, TypeError) as e:
+        raise ConfigError(f"dataset: {e}") from None
+
+
+def _absolute_folders(value: Any, base_dir: str, where: str) -> dict[str, Any]:
+    _check(isinstance(value, dict), f"{where} must be a JSON object like {{\"folders\": [\"cats\"], \"resolution\": 512}}.")
     data = dict(value)
     folders = data.get("folders")
-    _check(isinstance(folders, list) and folders, "dataset.folders must list at least one folder, e.g. [\"cats\"] or "
+    _check(isinstance(folders, list) and folders, f"{where}.folders must list at least one folder, e.g. [\"cats\"] or "
            "[{\"path\": \"cats\", \"repeats\": 2}].")
     data["folders"] = [_folder(f, base_dir) for f in folders]
     for key in ("mask_folder", "control_folder"):
         if isinstance(data.get(key), str) and data[key]:
             data[key] = _absolute(data[key], base_dir)
-    try:
-        return DatasetSpec.from_dict(data)
-    except (DatasetError, TypeError) as e:
-        raise ConfigError(f"dataset: {e}") from None
+    return data
 
 
 def _folder(entry: Any, base_dir: str) -> dict[str, Any]:

@@ -3,6 +3,7 @@ setting and the fix. Plain data, no torch. Import names from this file.
 """
 from __future__ import annotations
 
+import os
 import re
 import unicodedata
 
@@ -95,3 +96,15 @@ def check_run_name(name: str) -> None:
     problem = portable_name_problem(name)
     check(not problem, f"run_name {name!r} {problem}: {fix}")
     check(RUN_NAME_RE.match(name) is not None, f"run_name {name!r} is not a plain folder name: {fix}")
+
+
+def check_more_caches(cache_dir: str, more: tuple[str, ...]) -> None:
+    """more_cache_dirs: the other chained datasets' caches, each once and none the first (pure: no file read)."""
+    def key(path: str) -> str:
+        return os.path.normcase(os.path.normpath(path))
+    seen = {key(cache_dir)}
+    for folder in more:
+        check(bool(folder), "more_cache_dirs lists an empty path: remove it, or give the cache folder.")
+        check(key(folder) not in seen, f"more_cache_dirs lists the cache {folder} twice (or it is cache_dir): list "
+              "each chained dataset's cache once.")
+        seen.add(key(folder))

@@ -52,18 +52,34 @@ BY_NAME = ("model_path", "cache_dir", "eval.cache_dir", "lora.init_from")
 # What the training cache's manifest says about how it trains but its folder name (the dataset fingerprint)
 # leaves out: LoadDataset's caption_dropout changes which steps train on the empty caption, not a stored
 # tensor, so the same cache folder can come back with another value. Kept with each revision as "cache".
-CACHE_SETTINGS = {"caption_dropout": 0.0}
+CACHE_SETTINGS = {"caption_dropout": 0.0, "batch_sizes": []}  # batch_sizes: LoadDataset's batch size per resolution
+UNSET_LEFT_OUT = ("batch_sizes",)  # kept only when set, so the revisions of runs without it stay as they were
 
 
 def cache_settings(config: dict[str, Any]) -> dict[str, Any]:
     """The CACHE_SETTINGS of the config's training cache, from its manifest.json ({} when unreadable: the
-    node and the ranks refuse such a cache with their own message)."""
+    node and the ranks refuse such a cache with their own message); chained datasets' caches (more_cache_dirs)
+    under "dataset2", "dataset3", ..."""
+    out = _settings_of(config.get("cache_dir", ""))
+    for n, folder in enumerate(config.get("more_cache_dirs") or (), start=2):
+        out[f"dataset{n}"] = _settings_of(folder)
+    return out
+
+
+def _settings_of(cache_dir: str) -> dict[str, Any]:
     try:
-        manifest = json.loads((Path(config["cache_dir"]) / "manifest.json").read_text(encoding="utf-8"))
+        manifest = json.loads((Path(cache_dir) / "manifest.json").read_text(encoding="utf-8"))
         dataset = manifest.get("dataset") or {}
-        return {name: type(default)(dataset.get(name, default)) for name, default in CACHE_SETTINGS.items()}
+        out = {name: type(default)(dataset.get(name, default)) for name, default in CACHE_SETTINGS.items()}
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return {}
+    return {k: v for k, v in out.items() if v or k not in UNSET_LEFT_OUT}
+
+
+def _filled(cache: dict[str, Any]) -> dict[str, Any]:
+    """A revision's cache settings with the ones left out at their defaults (UNSET_LEFT_OUT), for comparing."""
+    unset = {k: CACHE_SETTINGS[k] for k in UNSET_LEFT_OUT}
+    return {**unset, **{k: {**unset, **v} if isinstance(v, dict) else v for k, v in cache.items()}}
 
 
 def flat(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -75,6 +91,8 @@ def flat(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
             out.update(flat(value, name + "."))
         elif name == "base_loras":  # [[file name, strength], ...]: the folders are machine-local
             out[name] = base_lora_identity(value)
+        elif name == "more_cache_dirs":  # chained datasets' caches: named by their fingerprints, like cache_dir
+            out[name] = [os.path.basename(os.path.normpath(v)) for v in value]
         else:
             out[name] = os.path.basename(os.path.normpath(value)) if name in BY_NAME and value else value
     return out
@@ -133,7 +151,7 @@ def check_resume(run_dir: str | os.PathLike, config: dict[str, Any], before: dic
     changed = global_batch.judged(result_changes(previous, config), previous, config,
                                   (replicas_then, replicas or global_batch.replicas_of(config)))
     if last is not None and isinstance(last.get("cache"), dict):  # revisions kept before it have no "cache"
-        changed += result_changes({"cache": last["cache"]}, {"cache": cache_settings(config)})
+        changed += result_changes({"cache": _filled(last["cache"])}, {"cache": _filled(cache_settings(config))})
     if changed and not config.get("accept_changes"):
         listed = "; ".join(f"{_shown(name)}: {old!r} -> {new!r}" for name, old, new in changed)
         hint = global_batch.HINT if any(name == global_batch.NAME for name, _, _ in changed) else ""

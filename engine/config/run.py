@@ -23,7 +23,7 @@ from typing import Any
 
 from ..atomic_files import write_text
 from .base_loras import BaseLora
-from .checks import ConfigError, check_run_name
+from .checks import ConfigError, check_more_caches, check_run_name
 from .checks import check as _check
 from .eval import EvalSpec
 from .launch import ClusterSpec, LaunchSpec
@@ -58,6 +58,9 @@ class RunConfig:
     eval: EvalSpec = field(default_factory=EvalSpec)  # held-out eval set (engine/config/eval.py)
     objective: ObjectiveSpec = field(default_factory=ObjectiveSpec)  # the loss (engine/config/objective.py)
     monitor: MonitorSpec = field(default_factory=MonitorSpec)  # W&B (engine/config/monitor.py); off by default
+    # the caches of the datasets chained to the first (LoadDataset's add_to), read with cache_dir as one
+    # sample stream (engine/cache/joined.py); () = one dataset
+    more_cache_dirs: tuple[str, ...] = ()
     base_loras: tuple[BaseLora, ...] = ()  # LoRAs merged into the base before training (engine/config/base_loras.py)
     resume: bool = False  # continue from the newest checkpoint in run_dir/checkpoints
     accept_changes: bool = False  # resume even with settings that change the result (engine/config/revisions.py)
@@ -69,6 +72,7 @@ class RunConfig:
                f"run.json has version {self.version}, this PipeTrain reads version {CONFIG_VERSION}: "
                "re-create the run from the TrainPipeline node.")
         check_run_name(self.run_name)
+        check_more_caches(self.cache_dir, self.more_cache_dirs)
         for part in (self.lora, self.memory, self.train, self.launch, self.sample, self.eval, self.objective,
                      self.monitor, *self.base_loras):
             part.validate()
@@ -89,6 +93,10 @@ class RunConfig:
                f"comfyui_root {self.comfyui_root} is not a ComfyUI folder (no comfy/sd.py).")
         _check(os.path.isfile(os.path.join(self.cache_dir, "manifest.json")),
                f"cache {self.cache_dir} is incomplete (no manifest.json): run CacheLatents again.")
+        for folder in self.more_cache_dirs:
+            _check(os.path.isfile(os.path.join(folder, "manifest.json")),
+                   f"more_cache_dirs: the cache {folder} is incomplete (no manifest.json): run CacheLatents again "
+                   "(it caches every chained dataset).")
         _check(not self.lora.init_from or os.path.isfile(self.lora.init_from),
                f"lora.init_from: the LoRA file {self.lora.init_from} does not exist; pick another file or 'none'.")
         _check(not self.sample.every or os.path.isfile(self.sample.prompts_file),
@@ -143,6 +151,10 @@ def _build(cls, data: Any, where: str):
         listed = _SECTIONS.get(ftype[len("tuple["):].split(",")[0]) if ftype.startswith("tuple[") else None
         if sub is not None:
             value = _build(sub, value, f"{where}.{name}")
+        elif ftype == "tuple[str, ...]":  # a list of strings, e.g. more_cache_dirs
+            _check(isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value),
+                   f"{where}.{name} must be a list of strings.")
+            value = tuple(value)
         elif listed is not None:  # a list of sections, e.g. base_loras
             _check(isinstance(value, (list, tuple)), f"{where}.{name} must be a list.")
             value = tuple(_build(listed, item, f"{where}.{name}[{i}]") for i, item in enumerate(value))

@@ -3,11 +3,12 @@
 """
 from __future__ import annotations
 
+import json
 import math
 from typing import Any
 
 from ..data.scan import RESOLUTION_STEP
-from .report import Report
+from .report import MAPPED, Report
 from .values import Draft, Where
 
 DS = "cache.dataset"
@@ -22,8 +23,6 @@ TOP_NOT_MAPPED = {
     "subsample_ratio": "PipeTrain uses every item (lower a folder's repeats instead)",
     "online_captions": "PipeTrain encodes captions at cache time",
 }
-ONE_PER_DATASET = ("PipeTrain has one such setting per dataset (the top-level value): train this folder in a run "
-                   "of its own")
 
 
 def side_of(where: Where, key: str, value: Any) -> int:
@@ -70,7 +69,21 @@ class DatasetKeys:
         directories = cfg.get("directory")
         if not isinstance(directories, list) or not directories or not all(isinstance(d, dict) for d in directories):
             raise w.fail("[[directory]]", "is missing: add at least one [[directory]] table with path = '...'.")
-        for key, value in cfg.items():
+        self.settings()
+        groups = self.groups(directories)
+        datasets = [self.draft.cache["dataset"] if not over else self.own_settings(over) for over in groups]
+        keys = [json.dumps(over, sort_keys=True) for over in groups]
+        for i, entry in enumerate(directories):
+            n = keys.index(json.dumps(self.overrides(entry), sort_keys=True))
+            self.directory(i, entry, datasets[n], DS if n == 0 else f"{DS}.more[{n - 1}]")
+        for data in datasets:
+            self.batch_sizes(data)
+        if len(datasets) > 1:
+            self.draft.cache["dataset"]["more"] = datasets[1:]
+
+    def settings(self) -> None:
+        """The top-level keys: the settings of the dataset of every [[directory]] that overrides none of them."""
+        for key, value in self.cfg.items():
             if key == "directory":
                 continue
             if key in BUCKET_KEYS:
@@ -83,8 +96,36 @@ class DatasetKeys:
             else:
                 self.report.unknown(key)
         self.buckets()
-        for i, entry in enumerate(directories):
-            self.directory(i, entry)
+
+    # ---- [[directory]] overrides: chained datasets ----------------------------------------------
+    def overrides(self, entry: dict[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in entry.items() if k in DIRECTORY_OVERRIDES and not (k in self.cfg and self.cfg[k] == v)}
+
+    def groups(self, directories: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The datasets the directories make: one per distinct set of overrides, the top-level settings' first
+        (when a directory has no overrides), the others in the order they first appear (LoadDataset's add_to)."""
+        keyed = [json.dumps(self.overrides(d), sort_keys=True) for d in directories]
+        order = sorted(dict.fromkeys(keyed), key=lambda k: (k != "{}", keyed.index(k)))
+        return [json.loads(k) for k in order]
+
+    def own_settings(self, overrides: dict[str, Any]) -> dict[str, Any]:
+        """A dataset of its own: the top-level settings with a directory's overrides (reported with the directory)."""
+        merged = {**{k: v for k, v in self.cfg.items() if k != "directory"}, **overrides}
+        sub = DatasetKeys(merged, self.where, Draft(), Report("overrides"))
+        sub.settings()
+        self.scratch = getattr(self, "scratch", {})
+        self.scratch[json.dumps(overrides, sort_keys=True)] = {e.key: e for e in sub.report.entries}
+        for key in ("clip_mode", "video_frames"):  # main-TOML settings the draft keeps with the first dataset
+            if key in self.draft.cache["dataset"]:
+                sub.draft.cache["dataset"][key] = self.draft.cache["dataset"][key]
+        return sub.draft.cache["dataset"]
+
+    def batch_sizes(self, data: dict[str, Any]) -> None:
+        """micro_batch_size_per_gpu's per-resolution list, for the resolutions this dataset has."""
+        have = [data.get("resolution"), *data.get("extra_resolutions", [])]
+        pairs = [p for p in self.draft.batch_sizes if p[0] in have]
+        if pairs:
+            data["batch_sizes"] = pairs
 
     # ---- buckets --------------------------------------------------------------------------
     def buckets(self) -> None:
@@ -158,35 +199,43 @@ class DatasetKeys:
         self.report.mapped(key, f"{DS}.folders[].repeats", "the default of every [[directory]]")
 
     # ---- [[directory]] ---------------------------------------------------------------------
-    def directory(self, i: int, entry: dict[str, Any]) -> None:
+    def directory(self, i: int, entry: dict[str, Any], data: dict[str, Any], target: str) -> None:
         w, at = self.where, f"directory[{i}]"
         if "path" not in entry:
             raise w.fail(f"{at}.path", "is missing: give the folder of images/videos and captions.")
-        folders = self.draft.cache["dataset"].setdefault("folders", [])
+        folders = data.setdefault("folders", [])
         folder = {"path": w.path_of(f"{at}.path", entry["path"]),
                   "repeats": w.whole(f"{at}.num_repeats", entry.get("num_repeats", self.cfg.get("num_repeats", 1)), 1)}
         folders.append(folder)
+        own = self.overrides(entry)
+        scratch = getattr(self, "scratch", {}).get(json.dumps(own, sort_keys=True), {})
         for key, value in entry.items():
             name = f"{at}.{key}"
             if key == "path":
-                self.report.mapped(name, f"{DS}.folders[{i}].path", "PipeTrain trains every folder listed")
+                self.report.mapped(name, f"{target}.folders[{len(folders) - 1}].path",
+                                   "PipeTrain trains every folder listed")
             elif key == "num_repeats":
-                self.report.mapped(name, f"{DS}.folders[{i}].repeats")
+                self.report.mapped(name, f"{target}.folders[{len(folders) - 1}].repeats")
             elif key in ("mask_path", "control_path"):
-                self.side_folder(name, key, w.path_of(name, value))
+                self.side_folder(name, key, w.path_of(name, value), data, target)
+            elif key in DIRECTORY_OVERRIDES and key not in own:
+                self.report.mapped(name, target, "the same as the top-level value")
             elif key in DIRECTORY_OVERRIDES:
-                if key in self.cfg and self.cfg[key] == value:
-                    self.report.mapped(name, DS, "the same as the top-level value")
+                said = scratch.get(key)
+                if said is not None and said.status != MAPPED:
+                    self.report.not_mapped(name, said.note)
                 else:
-                    self.report.not_mapped(name, ONE_PER_DATASET)
+                    self.report.mapped(name, target, "this directory's own setting: it trains as a dataset of its "
+                                       "own (chained datasets, each cached on its own, one sample order)")
             else:
                 self.report.unknown(name)
 
-    def side_folder(self, name: str, key: str, path: str) -> None:
-        target = f"{DS}.{'mask_folder' if key == 'mask_path' else 'control_folder'}"
-        before = self.draft.get(target)
+    def side_folder(self, name: str, key: str, path: str, data: dict[str, Any], target: str) -> None:
+        setting = "mask_folder" if key == "mask_path" else "control_folder"
+        before = data.get(setting)
         if before and before != path:
             self.report.not_mapped(name, f"PipeTrain has one {key.split('_')[0]} folder per dataset ({before}): "
                                    "put all masks in it, named as their images")
         else:
-            self.put(name, target, path, "matched to images by file name")
+            data[setting] = path
+            self.report.mapped(name, f"{target}.{setting}", "matched to images by file name")

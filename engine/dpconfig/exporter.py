@@ -68,6 +68,11 @@ def to_diffusion_pipe(run_json: dict[str, Any], dataset: dict[str, Any] | None =
     _report_settings(run, builder.done, report)
     data_report = Report("dataset")
     data = _dataset(spec, data_report)
+    pairs = _batch_sizes(spec, run.train.batch_size)
+    if pairs:  # LoadDataset's batch_sizes: diffusion-pipe's per-resolution list, in the main TOML
+        main["micro_batch_size_per_gpu"] = pairs
+        data_report.mapped("dataset.batch_sizes", "micro_batch_size_per_gpu", "in the main TOML, with "
+                           "train.batch_size for every other resolution")
     header = HEADER.format(run=run.run_name)
     return toml_text(main, header), toml_text(data, header), Reports([report, data_report])
 
@@ -189,7 +194,7 @@ def _report_settings(run: RunConfig, done: dict[str, tuple[str, str]], report: R
     for setting, value in _flat(run.to_dict()).items():
         if setting in done:
             report.mapped(setting, *done[setting])
-        elif setting in ("comfyui_root", "cache_dir"):
+        elif setting in ("comfyui_root", "cache_dir", "more_cache_dirs"):
             report.not_mapped(setting, "diffusion-pipe caches and loads by itself")
         elif defaults.get(setting) != value:  # settings at PipeTrain's default lose nothing: not listed
             report.not_mapped(setting, f"diffusion-pipe has no such setting (the run has {value!r})")
@@ -232,5 +237,48 @@ def _dataset(spec: DatasetSpec, report: Report) -> dict[str, Any]:
                                  ("caption_ext", spec.caption_ext, ".txt"), ("follow_links", spec.follow_links, False)):
         if value != default:
             report.not_mapped(f"dataset.{name}", f"diffusion-pipe has no such setting (the dataset has {value!r})")
+    for n, part in enumerate(spec.more):  # chained datasets: directories with their own settings
+        dirs += _part_directories(spec, part, f"dataset.more[{n}]", report)
     data["directory"] = dirs
     return data
+
+
+def _part_directories(top: DatasetSpec, part: DatasetSpec, where: str, report: Report) -> list[dict[str, Any]]:
+    """A chained dataset's folders as [[directory]] entries that override the top-level settings with its own
+    (importing them again makes the same dataset)."""
+    own: dict[str, Any] = {"resolutions": list(part.resolutions), "enable_ar_bucket": bool(part.aspect_ratios),
+                           "frame_buckets": [1, *part.clip_lengths], "cache_shuffle_num": part.tag_shuffles}
+    if part.aspect_ratios:
+        own["ar_buckets"] = list(part.aspect_ratios)
+    if part.caption_prefix or top.caption_prefix:
+        own["caption_prefix"] = part.caption_prefix
+    first = len(top.folders)  # the directory numbers follow the first dataset's
+    dirs = []
+    for f in part.folders:
+        entry: dict[str, Any] = {"path": f.path, "num_repeats": f.repeats, **own}
+        if part.mask_folder:
+            entry["mask_path"] = part.mask_folder
+        if part.control_folder:
+            entry["control_path"] = part.control_folder
+        dirs.append(entry)
+    report.mapped(where, f"directory[{first}..]", "its folders, each with the dataset's own bucket and caption "
+                  "settings")
+    for name, value, default in (("bucket_multiple", part.bucket_multiple, 64), ("frame_stride", part.frame_stride, 1),
+                                 ("caption_lines", part.caption_lines, False), ("keep_tokens", part.keep_tokens, 0),
+                                 ("caption_dropout", part.caption_dropout, 0.0), ("caption_ext", part.caption_ext, ".txt"),
+                                 ("follow_links", part.follow_links, False)):
+        if value != default:
+            report.not_mapped(f"{where}.{name}", f"diffusion-pipe has no such setting (the dataset has {value!r})")
+    return dirs
+
+
+def _batch_sizes(spec: DatasetSpec, batch_size: int) -> list[list[int]]:
+    """Every dataset's batch_sizes as one [[resolution, batch], ...] list ([] when none sets any); resolutions
+    without an entry get the run's batch_size, as they train in PipeTrain."""
+    if not any(part.batch_sizes for part in spec.parts):
+        return []
+    pairs: dict[int, int] = {}
+    for part in spec.parts:
+        for r in part.resolutions:
+            pairs.setdefault(r, dict(part.batch_sizes).get(r, batch_size))
+    return [[r, b] for r, b in pairs.items()]

@@ -79,4 +79,8 @@ def next_steps(run: dict[str, Any], cache: dict[str, Any]) -> list[str]:
     if not run["cache_dir"]:
         notes.append("run `python -m engine cache --config <cache config>`, then set cache_dir in run.json to the "
                      "folder it prints (or import again with --cache-dir)")
+    if cache.get("dataset", {}).get("more"):
+        notes.append(f"the [[directory]] entries make {len(cache['dataset']['more']) + 1} datasets, each cached on its "
+                     "own: set cache_dir to the first cache folder `python -m engine cache` prints and "
+                     "more_cache_dirs to the others, in that order")
     return notes

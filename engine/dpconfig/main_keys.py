@@ -33,7 +33,7 @@ CHECKPOINTING = {True: "on", False: "off", "unsloth": "cpu_offload"}
 # key -> (PipeTrain setting, kind): the value is checked by its kind and set as it is.
 TOP_DIRECT = {
     "epochs": ("train.epochs", "number"), "max_steps": ("train.steps", "whole1"),
-    "micro_batch_size_per_gpu": ("train.batch_size", "whole1"), "pipeline_stages": ("memory.pipeline_stages", "whole1"),
+    "pipeline_stages": ("memory.pipeline_stages", "whole1"),
     "gradient_accumulation_steps": ("train.grad_accum", "whole1"), "gradient_clipping": ("train.grad_clip", "number"),
     "warmup_steps": ("train.warmup_steps", "whole0"), "blocks_to_swap": ("memory.block_swap", "whole0"),
     "save_every_n_steps": ("train.save_every", "whole0"), "compile": ("memory.compile_blocks", "flag"),
@@ -123,6 +123,25 @@ class MainKeys:
                 raise self.where.fail(f"[{table}]", f"is missing: {fix}.")
 
     # ---- top-level keys that need more than a type check --------------------------------------
+    def top_micro_batch_size_per_gpu(self, key: str, value: Any) -> None:
+        """One number, or diffusion-pipe's per-resolution list [[512, 4], [1024, 1]] (a resolution as a side or a
+        [width, height] pair): LoadDataset's batch_sizes, set on each dataset for the resolutions it has."""
+        if not isinstance(value, list):
+            self.put(key, "train.batch_size", self.value(key, value, "whole1"))
+            return
+        from .dataset_keys import side_of
+
+        pairs = []
+        for i, pair in enumerate(value):
+            if not (isinstance(pair, list) and len(pair) == 2):
+                raise self.where.fail(f"{key}[{i}]", f"is {pair!r}: give [resolution, batch size] pairs, e.g. "
+                                      "[[512, 4], [1024, 1]].")
+            pairs.append([side_of(self.where, f"{key}[{i}]", pair[0]), self.where.whole(f"{key}[{i}]", pair[1], 1)])
+        self.draft.batch_sizes = pairs
+        self.draft.set("train.batch_size", min(b for _, b in pairs))
+        self.report.mapped(key, "cache.dataset.batch_sizes", "per resolution (LoadDataset's batch_sizes), on every "
+                           "dataset that has the resolution; train.batch_size = the smallest, for any other")
+
     def top_output_dir(self, key: str, value: Any) -> None:
         self.draft.output_dir = self.where.path_of(key, value)
         self.report.mapped(key, "run_dir", "run_dir = output_dir/<run name>: PipeTrain trains in one folder per "

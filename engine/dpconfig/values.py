@@ -85,6 +85,7 @@ class Draft:
         self.cache: dict[str, Any] = {"dataset": {}}
         self.output_dir = ""  # the main TOML's output_dir (run_dir is output_dir/<run name>)
         self.dataset_toml = ""  # the main TOML's dataset key, absolute
+        self.batch_sizes: list[list[int]] = []  # micro_batch_size_per_gpu's [[resolution, batch], ...], if a list
 
     def set(self, target: str, value: Any) -> str:
         head, *rest = target.split(".")

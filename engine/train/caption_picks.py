@@ -57,10 +57,11 @@ def pick_items(dataset, stream, positions: list[int]) -> list[dict[str, Any]]:
     items = [dataset.with_caption(i, k) for i, k in zip(ids, picks)]
     if not _one_shape(items):
         items = [dataset.with_caption(i, picks[0] if picks[0] < sum(n) else 0) for i, n in zip(ids, lines)]
-    drops = [dropped(seed, dataset.caption_dropout, p) for p in positions]
+    # each item's own dataset's caption_dropout (chained datasets differ: engine/cache/joined.py)
+    drops = [dropped(seed, dataset.dropout_of(i), p) for i, p in zip(ids, positions)]
     if any(drops):
-        out = [dataset.with_empty_caption(it) if d else it for it, d in zip(items, drops)]
+        out = [dataset.without_caption(i, it) if d else it for i, it, d in zip(ids, items, drops)]
         if not _one_shape(out):
-            out = [dataset.with_empty_caption(it) for it in items] if drops[0] else items
+            out = [dataset.without_caption(i, it) for i, it in zip(ids, items)] if drops[0] else items
         items = out
     return items

@@ -67,7 +67,7 @@ def main(config_path: str, process_start: float | None = None) -> int:
 
 def train(cfg: RunConfig, device: torch.device, events: EventLog, phases: SetupPhases | None = None,
           wb: wandb_log.WandbLog | None = None) -> int:
-    from ..cache.reader import CachedDataset
+    from ..cache.joined import open_caches
     from ..config.rules import data_parallel_size
     from ..latent_fit import accepted_channels, packed_latent_missing, wanted_latents
     from .. import model_files
@@ -85,7 +85,8 @@ def train(cfg: RunConfig, device: torch.device, events: EventLog, phases: SetupP
     from .objective_checks import check_objective
     from .optim import build_scheduler
     from .optimizers import build_optimizer
-    from .sample_order import SampleStream, collate, steps_for_epochs
+    from ..data.batch_sizes import check_varied_batches
+    from .sample_order import SampleStream, collate
 
     run_dir = Path(cfg.run_dir)
     rank, world = dist.rank(), dist.world_size()
@@ -103,11 +104,12 @@ def train(cfg: RunConfig, device: torch.device, events: EventLog, phases: SetupP
     launched = time.time()
 
     # ---- data -------------------------------------------------------------------------
-    dataset = CachedDataset(cfg.cache_dir)
+    dataset = open_caches(cfg.cache_dir, cfg.more_cache_dirs)  # chained datasets: every cache, one item list
     stream = SampleStream([dataset.repeats(i) for i in range(len(dataset))], seed=t.seed, buckets=dataset.buckets(),
-                          batch=t.batch_size)  # batches never mix aspect buckets or caption lengths
-    samples_per_step = t.batch_size * t.grad_accum * replicas
-    total_steps = t.steps if t.steps > 0 else steps_for_epochs(t.epochs, len(stream), samples_per_step)
+                          batch=t.batch_size, batches=dataset.batches())  # batches never mix aspect buckets or
+    # caption lengths; LoadDataset's batch_sizes give a resolution's batches their own size
+    check_varied_batches(stream.varied, cfg.memory.pipeline_stages)
+    total_steps = t.steps if t.steps > 0 else stream.steps_for_epochs(t.epochs, t.batch_size, t.grad_accum, replicas)
 
     # ---- model + LoRA -----------------------------------------------------------------
     pipelined = cfg.memory.pipeline_stages > 1
@@ -314,7 +316,7 @@ def train(cfg: RunConfig, device: torch.device, events: EventLog, phases: SetupP
                 pipeline.micro_batches(cfg, engine, adapter, objective, dataset, stream, step, device))))
         else:
             for micro in range(t.grad_accum):
-                positions = SampleStream.positions(step, micro, rank, world, t.grad_accum, t.batch_size)
+                positions = stream.micro_positions(step, micro, rank, world, t.grad_accum)
                 latents, conds, ids = collate(dataset, stream, positions, device)
                 # LoRA dropout draws from the global RNG: seed it from the position, like the noise.
                 torch.manual_seed(t.seed * 1_000_003 + positions[0])

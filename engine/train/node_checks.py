@@ -25,7 +25,8 @@ from ..version import __version__
 
 # Settings that may differ between nodes: their own paths (compared by content below) and how
 # each node was launched (node_rank, master address; command-line overrides).
-_NODE_LOCAL = {"run_dir", "comfyui_root", "model_path", "cache_dir", "eval.cache_dir", "launch.cluster"}
+_NODE_LOCAL = {"run_dir", "comfyui_root", "model_path", "cache_dir", "more_cache_dirs", "eval.cache_dir",
+               "launch.cluster"}
 
 
 def node_rank() -> int:
@@ -72,14 +73,19 @@ def _comparable(data: Any, prefix: str = "") -> dict[str, Any]:
 def _facts(cfg: RunConfig) -> dict[str, Any]:
     import json
 
-    manifest = json.loads((Path(cfg.cache_dir) / "manifest.json").read_text(encoding="utf-8"))
+    def cache(folder: str) -> str:
+        manifest = json.loads((Path(folder) / "manifest.json").read_text(encoding="utf-8"))
+        return f"fingerprint {manifest.get('fingerprint', '?')} ({manifest.get('count', '?')} items)"
+    # chained datasets (more_cache_dirs): each cache compared by its content like the first
+    caches = {("cache" if n == 1 else f"cache (dataset {n})"): cache(folder)
+              for n, folder in enumerate((cfg.cache_dir, *cfg.more_cache_dirs), start=1)}
     latest = Path(cfg.run_dir) / "checkpoints" / "latest"
     return {
         "rank": tdist.get_rank(), "node": node_rank(), "host": socket.gethostname(), "versions": _versions(),
         "pid": os.getpid(), "start": processes.start_time(os.getpid()) or "",  # a rank that dies is named by pid
         "config": _comparable(cfg.to_dict()),
         "files": {"model file": f"{os.path.basename(cfg.model_path)} ({os.path.getsize(cfg.model_path)} bytes)",
-                  "cache": f"fingerprint {manifest.get('fingerprint', '?')} ({manifest.get('count', '?')} items)"},
+                  **caches},
         # Resuming needs the same checkpoint everywhere; DeepSpeed writes each stage's part on its own node.
         "checkpoint": (latest.read_text().strip() if latest.is_file() else "none") if cfg.resume else "",
     }

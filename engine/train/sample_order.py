@@ -11,6 +11,13 @@ epoch, every bucket's items are permuted and cut into runs of `batch`, the runs 
 and laid end to end. Micro-batches start at multiples of `batch`, so each holds one run: one
 bucket, stacked without padding. A bucket whose count is not a multiple of `batch` fills its
 last run with its own first items again (nothing is dropped; a few items are seen twice).
+
+Batch size per resolution (LoadDataset's batch_sizes, `batches`: each item's micro batch, 0 = `batch`):
+when any differs from `batch`, a bucket's runs have its items' batch size, so runs differ in length.
+Micro step k of the run (k = (s * gas + j) * world + r, as above) then takes run k of the stream:
+run k % R of epoch k // R, R runs per epoch in that epoch's seeded order, its samples at the stream
+positions where that run lies. Still a pure function of (seed, step); with one batch size everywhere
+the stream is the one above, position for position.
 """
 from __future__ import annotations
 
@@ -23,7 +30,8 @@ from .caption_picks import pick_items
 
 
 class SampleStream:
-    def __init__(self, repeats: list[int], seed: int, buckets: list[str] | None = None, batch: int = 1):
+    def __init__(self, repeats: list[int], seed: int, buckets: list[str] | None = None, batch: int = 1,
+                 batches: list[int] | None = None):
         self.index = [item for item, r in enumerate(repeats) for _ in range(max(1, r))]
         if not self.index:
             raise ValueError("the cache holds no samples")
@@ -32,14 +40,22 @@ class SampleStream:
         keys = list(buckets) if buckets is not None else [""] * len(repeats)
         if len(keys) != len(repeats):
             raise ValueError(f"{len(keys)} bucket keys for {len(repeats)} items")
-        groups: dict[str, list[int]] = {}
+        sizes = [b or self.batch for b in batches] if batches is not None else [self.batch] * len(repeats)
+        if len(sizes) != len(repeats):
+            raise ValueError(f"{len(sizes)} batch sizes for {len(repeats)} items")
+        # runs of different lengths only when some item's batch size is not the run's (module doc)
+        self.varied = any(b != self.batch for b in sizes)
+        groups: dict[tuple[str, int], list[int]] = {}
         for item in self.index:
-            groups.setdefault(keys[item], []).append(item)
+            groups.setdefault((keys[item], sizes[item]), []).append(item)
         # one bucket: the plain permutation (batches may cross epochs); kept as it was before buckets
-        self.groups = [groups[k] for k in sorted(groups)] if len(groups) > 1 else None
-        self.padded = 0 if self.groups is None else sum(-len(g) % self.batch for g in self.groups)
+        self.groups = [groups[k] for k in sorted(groups)] if len(groups) > 1 or self.varied else None
+        self._run_sizes = [k[1] for k in sorted(groups)] if self.groups is not None else []
+        self.padded = 0 if self.groups is None else sum(-len(g) % b for g, b in zip(self.groups, self._run_sizes))
         self._length = len(self.index) + self.padded
-        self._epoch, self._order = -1, None
+        self.runs_per_epoch = (sum(-(-len(g) // b) for g, b in zip(self.groups, self._run_sizes))
+                               if self.groups is not None else 0)
+        self._epoch, self._order, self._starts = -1, None, None
 
     def __len__(self) -> int:
         return self._length
@@ -50,21 +66,45 @@ class SampleStream:
 
     def item_at(self, position: int) -> int:
         epoch, offset = divmod(position, self._length)
-        if epoch != self._epoch:
-            self._order = self._epoch_order(torch.Generator().manual_seed(self.seed * 7919 + epoch))
-            self._epoch = epoch
+        self._load(epoch)
         return self._order[offset]
 
-    def _epoch_order(self, gen: torch.Generator) -> list[int]:
+    def _load(self, epoch: int) -> None:
+        if epoch != self._epoch:
+            self._order, self._starts = self._epoch_order(torch.Generator().manual_seed(self.seed * 7919 + epoch))
+            self._epoch = epoch
+
+    def _epoch_order(self, gen: torch.Generator) -> tuple[list[int], list[int]]:
+        """The epoch's items in stream order, and where each of its runs starts (bucketed streams only)."""
         if self.groups is None:
-            return [self.index[p] for p in torch.randperm(len(self.index), generator=gen).tolist()]
+            return [self.index[p] for p in torch.randperm(len(self.index), generator=gen).tolist()], []
         runs = []
-        for group in self.groups:
+        for group, size in zip(self.groups, self._run_sizes):
             order = [group[p] for p in torch.randperm(len(group), generator=gen).tolist()]
-            fill = -len(order) % self.batch
+            fill = -len(order) % size
             order += (order * (fill // len(order) + 1))[:fill]
-            runs += [order[i:i + self.batch] for i in range(0, len(order), self.batch)]
-        return [item for r in torch.randperm(len(runs), generator=gen).tolist() for item in runs[r]]
+            runs += [order[i:i + size] for i in range(0, len(order), size)]
+        laid = [runs[r] for r in torch.randperm(len(runs), generator=gen).tolist()]
+        starts = [0]
+        for run in laid:
+            starts.append(starts[-1] + len(run))
+        return [item for run in laid for item in run], starts
+
+    def micro_positions(self, step: int, micro: int, rank: int, world: int, grad_accum: int) -> list[int]:
+        """The stream positions a micro step of a rank trains: `batch` consecutive ones, or with batch sizes
+        per resolution (varied) the run whose turn it is (module doc)."""
+        if not self.varied:
+            return self.positions(step, micro, rank, world, grad_accum, self.batch)
+        epoch, run = divmod((step * grad_accum + micro) * world + rank, self.runs_per_epoch)
+        self._load(epoch)
+        base = epoch * self._length
+        return list(range(base + self._starts[run], base + self._starts[run + 1]))
+
+    def steps_for_epochs(self, epochs: float, batch: int, grad_accum: int, replicas: int) -> int:
+        """Optimizer steps for `epochs` passes: by samples, or with varied runs by micro steps (one run each)."""
+        if self.varied:
+            return steps_for_epochs(epochs, self.runs_per_epoch, grad_accum * replicas)
+        return steps_for_epochs(epochs, len(self), batch * grad_accum * replicas)
 
     @staticmethod
     def positions(step: int, micro: int, rank: int, world: int, grad_accum: int, batch: int) -> list[int]:

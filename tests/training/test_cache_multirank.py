@@ -179,6 +179,36 @@ def test_one_process_runs_in_place_and_resumes_the_nodes_cache(tmp_path, comfy_r
     assert (Path(node.cache_dir) / MANIFEST).read_bytes() == manifest
 
 
+def test_one_process_caches_each_chained_dataset_as_the_node_does(tmp_path, comfy_root, files, encoders, folder):
+    """dataset.more: every dataset cached on its own, in its own folder, with the fingerprint the node's chain of
+    LoadDataset nodes (add_to) gives it: the node then reuses all of them."""
+    from PipeTrain.nodes.cache_latents import PipeTrainCacheLatents
+    from PipeTrain.nodes.load_dataset import PipeTrainLoadDataset
+    from tools.tiny_assets import write_tiny_dataset
+
+    write_tiny_dataset(str(tmp_path / "other"), n=3, size=128, seed=4)
+    out = run_cache(write_config(tmp_path, comfy_root, files, processes=1,
+                                 dataset={"folders": ["set"], "resolution": 64,
+                                          "more": [{"folders": ["other"], "resolution": 128, "caption_prefix": "x, "}]}))
+    assert "dataset 1 (set) of 2" in out and "dataset 2 (other) of 2" in out
+    assert "6 item(s) on 1 rank(s)" in out and "3 item(s) on 1 rank(s)" in out
+    made = {p.parents[2].name: json.loads(p.read_text())
+            for p in tmp_path.glob(f"*/{CACHE_FOLDER}/*/{MANIFEST}")}
+    assert sorted(made) == ["other", "set"] and made["other"]["latent_shape"][-2:] == [16, 16]
+    assert made["other"]["dataset"]["caption_prefix"] == "x, " and "more" not in made["set"]["dataset"]
+    (first,) = PipeTrainLoadDataset().load(folders=str(folder), resolution=64, repeats=1)
+    (chain,) = PipeTrainLoadDataset().load(folders=str(tmp_path / "other"), resolution=128, repeats=1,
+                                           caption_prefix="x, ", add_to=first)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        spec, lines, _ = PipeTrainCacheLatents().encode(chain, encoders[0], encoders[1], regenerate=False)
+    finally:
+        torch.set_num_threads(threads)
+    assert [p.fingerprint for p in spec.parts] == [made["set"]["fingerprint"], made["other"]["fingerprint"]]
+    assert any(line.startswith("dataset 2 (other): 3 item(s) reused") for line in lines), lines
+
+
 @pytest.mark.slow
 def test_two_ranks_cache_clip_vision_as_the_node_does(tmp_path, comfy_root, files, encoders, clip_vision_file):
     """clip_vision in the cache config: every rank loads the file with ComfyUI's CLIP-vision loader and

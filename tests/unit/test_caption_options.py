@@ -137,6 +137,12 @@ class FakeCache:
     def with_empty_caption(self, item):
         return {**item, "cross_attn": torch.tensor([[-1.0, -1.0]])}
 
+    def dropout_of(self, i):
+        return self.caption_dropout
+
+    def without_caption(self, i, item):
+        return self.with_empty_caption(item)
+
 
 def _picked(dataset, stream, positions):
     return [tuple(it["cross_attn"][0].tolist()) for it in pick_items(dataset, stream, positions)]
@@ -174,8 +180,9 @@ def test_node_inputs_come_last_with_tooltips_and_bad_values_stop_the_node(tmp_pa
     optional = load_node.PipeTrainLoadDataset.INPUT_TYPES()["optional"]
     names = list(optional)
     # saved workflows store widget values by position: the inputs before these keep their places
-    assert names[-8:] == ["target_fps", "caption_prefix", "caption_lines", "tag_shuffles", "keep_tokens",
-                          "caption_dropout", "frame_buckets", "clip_mode"]  # the video clip inputs came later
+    assert names[-9:] == ["target_fps", "caption_prefix", "caption_lines", "tag_shuffles", "keep_tokens",
+                          "caption_dropout", "frame_buckets", "clip_mode",  # the video clip inputs came later
+                          "batch_sizes"]  # and batch sizes per resolution after them
     assert all(optional[n][1].get("tooltip") for n in names[-5:])
     assert optional["caption_dropout"][1]["default"] == 0.0 and optional["tag_shuffles"][1]["default"] == 0
     (tmp_path / "a.png").write_bytes(b"")  # never read: the settings are refused first

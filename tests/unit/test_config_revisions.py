@@ -114,3 +114,28 @@ def test_a_caption_dropout_changed_in_the_same_cache_is_a_change(tmp_path):
     del old["cache"]
     rev.write_text(json.dumps(old))  # a revision from before the cache's settings were kept
     assert check_resume(run, config) == []
+
+
+def test_batch_sizes_and_a_chained_cache_changed_between_starts_are_changes(tmp_path):
+    """batch_sizes (LoadDataset's batch size per resolution) lives in the cache's manifest like caption_dropout,
+    and so do the settings of every chained dataset's cache (more_cache_dirs)."""
+    first, second = tmp_path / "a" / "0123456789abcdef", tmp_path / "b" / "fedcba9876543210"
+
+    def manifest(folder, **dataset):
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "manifest.json").write_text(json.dumps({"dataset": dataset}))
+
+    manifest(first, caption_dropout=0.0)
+    manifest(second, caption_dropout=0.1)
+    config = {**BASE, "cache_dir": str(first), "more_cache_dirs": [str(second)]}
+    run = tmp_path / "run"
+    rev = record(run, config, 0)
+    assert json.loads(rev.read_text())["cache"] == {"caption_dropout": 0.0, "dataset2": {"caption_dropout": 0.1}}
+    assert check_resume(run, config) == []
+    manifest(first, caption_dropout=0.0, batch_sizes=[[512, 4]])
+    manifest(second, caption_dropout=0.2)
+    with pytest.raises(ConfigError, match=r"cache.batch_sizes \(LoadDataset's batch_sizes, kept in the cache\): "
+                                          r"\[\] -> \[\[512, 4\]\]"):
+        check_resume(run, config)
+    assert check_resume(run, {**config, "accept_changes": True}) == [
+        ("cache.batch_sizes", [], [[512, 4]]), ("cache.dataset2.caption_dropout", 0.1, 0.2)]

@@ -89,11 +89,11 @@ def test_follow_links_is_a_node_input_and_old_specs_still_load(linked):
     optional = load_node.PipeTrainLoadDataset.INPUT_TYPES()["optional"]
     assert optional["follow_links"][1]["default"] is False and "outside" in optional["follow_links"][1]["tooltip"]
     # added at the end, in order (target_fps, then the caption options came later): saved workflows store
-    # widget values by position
-    assert list(optional) == ["aspect_ratios", "extra_resolutions", "bucket_multiple", "video_frames", "frame_stride",
-                              "mask_folder", "control_folder", "follow_links", "target_fps", "caption_prefix",
-                              "caption_lines", "tag_shuffles", "keep_tokens", "caption_dropout", "frame_buckets",
-                              "clip_mode"]
+    # widget values by position. add_to is a link (no widget value), so it may come first
+    assert list(optional) == ["add_to", "aspect_ratios", "extra_resolutions", "bucket_multiple", "video_frames",
+                              "frame_stride", "mask_folder", "control_folder", "follow_links", "target_fps",
+                              "caption_prefix", "caption_lines", "tag_shuffles", "keep_tokens", "caption_dropout",
+                              "frame_buckets", "clip_mode", "batch_sizes"]
     (spec,) = load_node.PipeTrainLoadDataset().load(folders=str(data), resolution=64, repeats=1)
     assert spec.follow_links is False and "follow_links" not in spec.to_dict()  # old dicts stay equal
     old = {"folders": [{"path": str(data), "repeats": 1}], "resolution": 64, "caption_ext": ".txt", "version": 1}

@@ -18,6 +18,7 @@ from pack import REPO, load_pack
 load_pack()
 from PipeTrain.engine.config.checks import ConfigError  # noqa: E402
 from PipeTrain.engine.config.run import RunConfig  # noqa: E402
+from PipeTrain.engine.data.scan import DatasetSpec  # noqa: E402
 from PipeTrain.engine.dpconfig import cli  # noqa: E402
 from PipeTrain.engine.dpconfig.dataset_keys import spaced_ratios  # noqa: E402
 from PipeTrain.engine.dpconfig.exporter import to_diffusion_pipe  # noqa: E402
@@ -104,8 +105,15 @@ def test_mapped_values_land_in_run_json_and_the_cache_config():
     assert (d["resolution"], d["extra_resolutions"], d["aspect_ratios"], d["frame_buckets"], d["tag_shuffles"]) == \
         (768, [1024], [1.0, 1.25, 0.75], [17, 49], 3)  # frame_buckets [1, 17, 49]: 1 is images, which always train
     assert d["clip_mode"] == "single_middle" and "video_frames" not in d  # video_clip_mode, from the main TOML
-    assert [(Path(f["path"]).name, f["repeats"]) for f in d["folders"]] == [("portraits", 3), ("landscapes", 1)]
-    assert d["mask_folder"] == str(FIX / "data" / "portrait_masks")
+    # landscapes takes the top-level settings; portraits overrides resolutions, ar_buckets and frame_buckets, so
+    # it is a dataset of its own chained to the first (LoadDataset's add_to), with its mask folder
+    assert [(Path(f["path"]).name, f["repeats"]) for f in d["folders"]] == [("landscapes", 1)]
+    (own,) = d["more"]
+    assert [(Path(f["path"]).name, f["repeats"]) for f in own["folders"]] == [("portraits", 3)]
+    assert (own["resolution"], own["extra_resolutions"], own["aspect_ratios"], own["frame_buckets"]) == \
+        (640, [], [0.75], [])  # [[640, 640]]; [[480, 640]]; [1]: images only
+    assert (own["tag_shuffles"], own["clip_mode"]) == (3, "single_middle")  # the rest as the top level says
+    assert own["mask_folder"] == str(FIX / "data" / "portrait_masks") and "mask_folder" not in d
 
 
 def test_the_wan_example_maps_its_memory_toolbox_and_asks_for_a_model_file():
@@ -127,6 +135,42 @@ def test_aspect_ratio_range_is_spaced_in_log_space(tmp_path):
     settings, reports = from_diffusion_pipe(FIX / "wan_main.toml", tmp_path / "d.toml")
     assert settings["cache"]["dataset"]["aspect_ratios"] == [0.5, 1.0, 2.0]
     assert reports.parts[1].status()["num_ar_buckets"] == MAPPED
+
+
+def test_directories_with_their_own_buckets_and_a_batch_size_list_round_trip(tmp_path):
+    (tmp_path / "d.toml").write_text("resolutions = [512, 1024]\nenable_ar_bucket = false\n"
+                                     "[[directory]]\npath = 'cats'\n"
+                                     "[[directory]]\npath = 'dogs'\nnum_repeats = 2\nresolutions = [768]\n"
+                                     "enable_ar_bucket = true\nar_buckets = [1.0, 1.5]\nsize_buckets = [[512, 512, 1]]\n")
+    main = (FIX / "wan_main.toml").read_text().replace("'wan_dataset.toml'", repr(str(tmp_path / "d.toml")))
+    assert "\nmicro_batch_size_per_gpu = 1\n" in main
+    (tmp_path / "main.toml").write_text(main.replace("\nmicro_batch_size_per_gpu = 1\n",
+                                                     "\nmicro_batch_size_per_gpu = [[512, 4], [1024, 1], [768, 2]]\n"))
+    settings, reports = from_diffusion_pipe(tmp_path / "main.toml")
+    d, t = settings["cache"]["dataset"], settings["run"]["train"]
+    assert [Path(f["path"]).name for f in d["folders"]] == ["cats"] and d["batch_sizes"] == [[512, 4], [1024, 1]]
+    (dogs,) = d["more"]
+    assert ([Path(f["path"]).name for f in dogs["folders"]], dogs["folders"][0]["repeats"], dogs["resolution"],
+            dogs["aspect_ratios"], dogs["batch_sizes"]) == (["dogs"], 2, 768, [1.0, 1.5], [[768, 2]])
+    assert t["batch_size"] == 1  # the smallest: for any resolution the list leaves out
+    status = {e.key: e for e in reports.parts[1].entries}
+    assert status["directory[1].resolutions"].status == MAPPED and status["directory[1].resolutions"].target == \
+        "cache.dataset.more[0]"
+    assert status["directory[1].size_buckets"].status == NOT_MAPPED  # said why, as at the top level
+    assert reports.parts[0].status()["micro_batch_size_per_gpu"] == MAPPED
+    assert "more_cache_dirs to the others" in reports.text()
+    # export: the chained dataset's folders become directories with its own settings, batch_sizes the list
+    main_text, data_text, _ = to_diffusion_pipe(settings["run"], settings["cache"], dataset_file=str(tmp_path / "o.toml"))
+    (tmp_path / "o.toml").write_text(data_text)
+    (tmp_path / "o_main.toml").write_text(main_text)
+    assert tomllib.loads(main_text)["micro_batch_size_per_gpu"] == [[512, 4], [1024, 1], [768, 2]]
+    again, _ = from_diffusion_pipe(tmp_path / "o_main.toml")
+    same = [DatasetSpec.from_dict(x).to_dict() for x in (again["cache"]["dataset"], d)]  # written in other words
+    assert same[0] == same[1] and again["run"]["train"] == t
+    bad = main.replace("\nmicro_batch_size_per_gpu = 1\n", "\nmicro_batch_size_per_gpu = [[512, 4], 1024]\n")
+    (tmp_path / "bad.toml").write_text(bad)
+    with pytest.raises(ConfigError, match=r"micro_batch_size_per_gpu\[1\].*give \[resolution, batch size\] pairs"):
+        from_diffusion_pipe(tmp_path / "bad.toml")
 
 
 def test_the_written_run_json_loads_with_the_engines_loader(tmp_path):
