@@ -38,18 +38,26 @@ class MemoryPlan:
         return self.swapper.all_resident()
 
 
-def check_plain_weights(diffusion_model: nn.Module) -> None:
-    """Block swap packs each block's tensors into one byte buffer: weights that are tensor subclasses (the
-    QuantizedTensor of a quantized file's layers, ComfyUI 0.33+) cannot be packed."""
-    from ..config.checks import ConfigError
-
+def unswappable_weight(diffusion_model: nn.Module) -> tuple[str, str] | None:
+    """(name, tensor type) of the first block weight block swap cannot pack, or None. Block swap packs each
+    block's tensors into one byte buffer: tensor subclasses (the QuantizedTensor of a quantized file's
+    layers, ComfyUI 0.33+) cannot join it."""
     for block in blocks(diffusion_model):
         for name, param in block.named_parameters():
             if type(param.data) is not torch.Tensor:
-                raise ConfigError(f"block_swap on a quantized model file: {name} holds a {type(param.data).__name__} "
-                                  "(ComfyUI's quantized layers), which block swap cannot move. Set block_swap to 0 "
-                                  "(a quantized model already needs less memory), or train on the full-precision "
-                                  "file with base_dtype float8_e4m3fn and block swap.")
+                return name, type(param.data).__name__
+    return None
+
+
+def check_plain_weights(diffusion_model: nn.Module) -> None:
+    from ..config.checks import ConfigError
+
+    found = unswappable_weight(diffusion_model)
+    if found is not None:
+        raise ConfigError(f"block_swap on a quantized model file: {found[0]} holds a {found[1]} (ComfyUI's quantized "
+                          "layers), which block swap cannot move. Set block_swap to 0 (a quantized model already "
+                          "needs less memory), or train on the full-precision file with base_dtype float8_e4m3fn "
+                          "and block swap.")
 
 
 def enable_activation_checkpointing(diffusion_model: nn.Module) -> int:

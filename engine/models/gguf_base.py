@@ -33,8 +33,12 @@ def _plain(t: GGUFTensor) -> torch.Tensor:
         return torch.from_numpy(np.array(t.raw, dtype=np.float16).reshape(t.shape))
     if t.qtype == "F32":
         return torch.from_numpy(np.array(t.raw, dtype=np.float32).reshape(t.shape))
-    values = dequantize_reference(t.raw, t.qtype, t.shape)  # BF16, K-quants, i-quants: expanded now
-    return values.to(torch.bfloat16) if t.quantized or t.qtype == "BF16" else values
+    return dequantize_reference(t.raw, t.qtype, t.shape).to(torch.bfloat16)  # BF16, K-quants, i-quants
+
+
+def stays_quantized(t: GGUFTensor) -> bool:
+    """A 2-D weight in a type expanded at use: it gets a placeholder, for a GGUF Linear to take."""
+    return kept_quantized(t.qtype) and len(t.shape) == 2
 
 
 def _placeholder(t: GGUFTensor) -> torch.Tensor:
@@ -45,8 +49,7 @@ def _placeholder(t: GGUFTensor) -> torch.Tensor:
 
 def state_dict(contents: GGUFContents) -> dict[str, torch.Tensor]:
     """What ComfyUI's loader gets: placeholders for the weights kept quantized, floats for the rest."""
-    return {t.key: _placeholder(t) if kept_quantized(t.qtype) and len(t.shape) == 2 else _plain(t)
-            for t in contents.tensors}
+    return {t.key: _placeholder(t) if stays_quantized(t) else _plain(t) for t in contents.tensors}
 
 
 def gguf_operations(landed: list[GGUFTensor]):
@@ -106,7 +109,7 @@ def _fill_stray_placeholders(diffusion_model: torch.nn.Module, contents: GGUFCon
                              landed: list[GGUFTensor]) -> int:
     """Expand into their parameters the placeholders no GGUF Linear took. Returns how many."""
     taken = {id(t) for t in landed}
-    stray = [t for t in contents.tensors if kept_quantized(t.qtype) and len(t.shape) == 2 and id(t) not in taken]
+    stray = [t for t in contents.tensors if stays_quantized(t) and id(t) not in taken]
     for t in stray:
         try:
             param = diffusion_model.get_parameter(t.key)
@@ -142,7 +145,7 @@ def load_gguf_patcher(path: str, model_options: dict):
                         "model ComfyUI loads as .safetensors.")
     stray = _fill_stray_placeholders(patcher.model.diffusion_model, contents, landed)
     layers, nbytes = quantized_bytes(patcher.model.diffusion_model)
-    expanded = stray + sum(1 for t in contents.tensors if t.quantized and not kept_quantized(t.qtype))
+    expanded = stray + sum(1 for t in contents.tensors if t.quantized and not stays_quantized(t))
     print(f"PipeTrain: GGUF {path} ({kinds}): {layers} linear layers kept quantized ({nbytes / 2**20:.1f} MiB), "
           f"{expanded} quantized weights expanded at load", file=sys.stderr, flush=True)  # in the rank's log
     return patcher

@@ -23,6 +23,7 @@ from ..events import EventLog
 from ..memory import fit_plan, fit_probe
 from ..models.gguf_file import is_gguf
 from ..memory.meter import PeakMeter, device_bytes
+from ..memory.options import unswappable_weight
 from . import distributed as dist
 
 PLAN_FILE = "memory_plan.json"
@@ -97,7 +98,7 @@ def plan_from_probe(model: torch.nn.Module, run_step, device: torch.device, memo
     `run_step`: one forward + backward on the largest batch. benchmarks/fit_plan.py calls this too."""
     repeats = 2 if device.type == "cuda" else 1  # timed passes per mode, after one that warms up
     figures = agree(fit_probe.probe(model, run_step, device, memory.optimizer, fp8, repeats=repeats), device)
-    if not swappable(model):  # no block swap candidates: the blocks stay where they are
+    if unswappable_weight(model.diffusion_model) is not None:  # a quantized file: no block swap candidates
         figures = dataclasses.replace(figures, block_weights=())
     budget = -int(dist_max([-fit_probe.budget_bytes(memory.vram_gib, device)], device)[0])  # the smallest GPU's
     result = fit_plan.plan(figures, budget, memory.vram_margin, memory.optimizer)
@@ -130,17 +131,6 @@ def offer_fp8(cfg: RunConfig, model: torch.nn.Module) -> bool:
     return (cfg.memory.base_dtype in ("auto", "bfloat16", "float16") and cfg.lora.kind != "full"
             and not cfg.base_loras and not is_quantized_file(model) and not is_gguf(cfg.model_path))
 
-
-def swappable(model: torch.nn.Module) -> bool:
-    """Whether block swap can move this model's blocks (not the QuantizedTensor layers of a quantized file)."""
-    from ..config.checks import ConfigError
-    from ..memory.options import check_plain_weights
-
-    try:
-        check_plain_weights(model.diffusion_model)
-    except ConfigError:
-        return False
-    return True
 
 
 def largest_batch(dataset, batch_size: int, device: torch.device):
