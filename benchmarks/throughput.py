@@ -98,7 +98,7 @@ def print_setup_phases(rows: list[dict]) -> None:
     if not timed:
         return
     names = list(timed[0]["setup_phases"])
-    print("\nlaunch -> first loss, seconds: launcher (DeepSpeed's launcher until the rank starts), the rank's setup "
+    print("\nlaunch -> first loss, seconds: launcher (the launcher process until the rank starts), the rank's setup "
           "phases (engine/train/setup_phases.py), the first step (compiling included)\n")
     print("| model | option | launcher | " + " | ".join(names) + " | first step | total |")
     print("|---|---|---|" + "---|" * len(names) + "---|---|")

@@ -5,8 +5,9 @@
     python -m engine import-dp --main X.toml ...     diffusion-pipe configs -> run.json (engine/dpconfig/cli.py)
     python -m engine export-dp run.json --out-dir D  run.json -> diffusion-pipe configs
 
-DeepSpeed's launcher runs the training entry once per rank (engine/launch/launcher.py builds the
-command; by hand: python -m deepspeed.launcher.runner --num_gpus N --module --no_local_rank engine --config run.json)
+The per-node launcher (engine/launch/local_ranks.py; DeepSpeed's on several machines) runs the training
+entry once per rank (engine/launch/launcher.py builds the command; DeepSpeed's own does the same by hand:
+python -m deepspeed.launcher.runner --num_gpus N --module --no_local_rank engine --config run.json)
 and the cache mode starts its own ranks the same way, with `cache ... --worker`.
 """
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Helpers for tests that run the real engine: real DeepSpeed launcher, real ranks (gloo on CPU)."""
+"""Helpers for tests that run the real engine: the real launcher, real DeepSpeed ranks (gloo on CPU)."""
 from __future__ import annotations
 
 import dataclasses

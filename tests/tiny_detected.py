@@ -1,4 +1,4 @@
-"""Real engine runs (DeepSpeed launcher, gloo ranks) on tiny Qwen-Image / Chroma files.
+"""Real engine runs (per-node launcher, gloo ranks) on tiny Qwen-Image / Chroma files.
 
 ComfyUI's detection reads a file's block counts and some widths from its tensors, but pins others to
 the released models' values (Qwen-Image: 24 heads of 128, a 3584-wide text input; Chroma: 24 heads,

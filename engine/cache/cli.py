@@ -3,7 +3,7 @@
     python -m engine cache --config cache.json            # validates, then starts the ranks
     python -m engine cache --config cache.json --worker   # one rank (what the launcher starts)
 
-One process runs in place; several are started by DeepSpeed's launcher (one per GPU, CPU
+One process runs in place; several are started by the per-node launcher (one per GPU, CPU
 processes without CUDA). Each rank loads the VAE and text encoder (and a CLIP-vision model, if the
 config names one) with ComfyUI's own loaders and encodes the items i with i % N == rank
 (engine/cache/writer.py). Rank 0 scans the dataset once and hands the plan to the others; each
@@ -160,18 +160,15 @@ def launcher_command(cfg: CacheConfig, config_path: str, master_port: int) -> li
     from ..launch.launcher import local_launcher
 
     ids = [int(i) for i in cfg.gpu_ids.split(",")] if cfg.gpu_ids else list(range(cfg.processes))
-    return local_launcher(ids, master_port) + ["--module", "--no_local_rank", "engine", "cache", "--config",
-                                               config_path, "--worker"]
+    return local_launcher(ids, master_port, ["engine", "cache", "--config", config_path, "--worker"])
 
 
 def start(cfg: CacheConfig, config_path: str, output=None) -> subprocess.Popen:
-    """Start cfg.processes ranks with DeepSpeed's launcher (cwd = the pack root), in a process group of
-    their own (launcher.kill_tree ends them all); output: where their stdout and stderr go (None: ours)."""
+    """Start cfg.processes ranks with the per-node launcher (engine/launch/local_ranks.py; the workers use
+    torch.distributed's gloo, not DeepSpeed), cwd = the pack root, in a process group of their own
+    (launcher.kill_tree ends them all); output: where their stdout and stderr go (None: ours)."""
     from ..launch import launcher
 
-    if not launcher.deepspeed_available():
-        raise ConfigError(f"processes is {cfg.processes}, which needs DeepSpeed's launcher: pip install deepspeed "
-                          "(Linux), or set processes to 1.")
     import torch
 
     env = dict(os.environ, PYTHONUNBUFFERED="1")

@@ -233,7 +233,7 @@ def explain_comm_failure(exc: BaseException, cfg: RunConfig, rank: int, world: i
 
 
 def rendezvous_failure(exc: BaseException, timeout_s: float) -> str:
-    """Why a rank could not join the others at start (DeepSpeed's launcher sets the env variables)."""
+    """Why a rank could not join the others at start (the per-node launcher sets the env variables)."""
     env = os.environ
     where = f"{env.get('MASTER_ADDR', '?')}:{env.get('MASTER_PORT', '?')}"
     first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]

@@ -1,9 +1,10 @@
-"""Starting and stopping the DeepSpeed launcher for a run (standard library only).
+"""Starting and stopping a run's launcher (standard library only).
 
 Used by the TrainPipeline node and by the headless command
     python -m engine.launch.launcher <run_dir>/run.json
-Both start exactly the same process tree: on one machine DeepSpeed's per-node launcher
-`sys.executable -m deepspeed.launcher.launch ...`, on several its runner `-m deepspeed.launcher.runner`
+Both start exactly the same process tree: on one machine our per-node launcher
+`sys.executable -m engine.launch.local_ranks ...` (the ranks' environment as DeepSpeed's launcher sets it,
+without its import of DeepSpeed), on several DeepSpeed's runner `-m deepspeed.launcher.runner`
 (for the DeepSpeed-free backend, `sys.executable -m engine ...`), with cwd = the pack root,
 in its own process group so a cancel or a failure can end every rank at once. Nothing here is
 POSIX-only: Windows gets a new process group and CTRL_BREAK instead of signals to a group.
@@ -15,8 +16,6 @@ and the master's address first.
 from __future__ import annotations
 
 import argparse
-import base64
-import json
 import os
 import signal
 import socket
@@ -59,36 +58,29 @@ def resolve_backend(requested: str) -> str:
 
 def launcher_command(cfg: RunConfig, config_path: str | os.PathLike, master_port: int,
                      node: cluster.NodePlan | None = None, hostfile: str = "") -> list[str]:
+    engine_args = ["engine", "--config", str(config_path)]
     if cfg.launch.backend == "plain":  # no launcher: the engine itself is the one process
-        return [sys.executable, "-u", "-m", "engine", "--config", str(config_path)]
+        return [sys.executable, "-u", "-m"] + engine_args
     if node is not None:  # several machines: the flags DeepSpeed's users know (engine/launch/cluster.py)
-        cmd = [sys.executable, "-u", "-m", "deepspeed.launcher.runner"] + cluster.runner_args(node, hostfile,
-                                                                                            cfg.launch.gpu_ids)
-    else:
-        # One machine: DeepSpeed's per-node launcher directly, with the world its runner would compute. The
-        # runner adds nothing else here, and its own `import deepspeed` cost 15 s of an H200's 64 s from
-        # launch to the first loss (docs/benchmarks.md).
-        cmd = local_launcher(cfg.launch.device_ids(), master_port)
-    return cmd + ["--module", "--no_local_rank", "engine", "--config", str(config_path)]
+        return ([sys.executable, "-u", "-m", "deepspeed.launcher.runner"]
+                + cluster.runner_args(node, hostfile, cfg.launch.gpu_ids) + ["--module", "--no_local_rank"] + engine_args)
+    return local_launcher(cfg.launch.device_ids(), master_port, engine_args)
 
 
-def local_launcher(ids: list[int], master_port: int) -> list[str]:
-    """DeepSpeed's per-node launcher for ranks on this machine's devices `ids` (everything before `--module`)."""
-    world = {"localhost": local_devices(ids, os.environ.get("CUDA_VISIBLE_DEVICES"))}
-    return [sys.executable, "-u", "-m", "deepspeed.launcher.launch", "--world_info=" + encode_world(world),
-            "--master_addr=127.0.0.1", f"--master_port={master_port}"]
+def local_launcher(ids: list[int], master_port: int, module_args: list[str]) -> list[str]:
+    """The per-node launcher (engine/launch/local_ranks.py) for ranks on this machine's devices `ids`, each
+    running `python -m <module_args>`. DeepSpeed's own runner and launcher would add nothing here but their
+    `import deepspeed`: 15-18 s of an H200 host's launch (docs/benchmarks.md)."""
+    devices = ",".join(str(d) for d in local_devices(ids, os.environ.get("CUDA_VISIBLE_DEVICES")))
+    return [sys.executable, "-u", "-m", "engine.launch.local_ranks", f"--devices={devices}", "--master_addr=127.0.0.1",
+            f"--master_port={master_port}", "--"] + module_args
 
 
 def local_devices(ids: list[int], visible: str | None) -> list[int]:
-    """The device numbers DeepSpeed's launcher gives the ranks (it sets CUDA_VISIBLE_DEVICES to them) for
+    """The device numbers the per-node launcher gives the ranks (it sets CUDA_VISIBLE_DEVICES to them) for
     the GPUs `ids` as this process numbers them: through this process's CUDA_VISIBLE_DEVICES where set."""
     shown = [int(v) for v in (visible or "").split(",") if v.strip().isdigit()]
     return [shown[i] if i < len(shown) else i for i in ids]
-
-
-def encode_world(world: dict[str, list[int]]) -> str:
-    """DeepSpeed's --world_info: the host -> device numbers map as base64 of its JSON."""
-    return base64.urlsafe_b64encode(json.dumps(world).encode()).decode()
 
 
 def launcher_env(cfg: RunConfig, cuda: bool, owner: int | None = None) -> dict[str, str]:
@@ -98,7 +90,7 @@ def launcher_env(cfg: RunConfig, cuda: bool, owner: int | None = None) -> dict[s
     if owner is not None:  # the ranks stop (checkpoint, exit) once this process is gone (engine/launch/owner.py)
         env[OWNER_ENV] = owner_value(owner)
     if cfg.launch.backend == "plain" and cfg.launch.gpu_ids:
-        env["CUDA_VISIBLE_DEVICES"] = cfg.launch.gpu_ids  # the DeepSpeed launcher does this for its ranks
+        env["CUDA_VISIBLE_DEVICES"] = cfg.launch.gpu_ids  # the per-node launcher does this for its ranks
     if cfg.memory.expandable_segments:  # the ranks inherit it; torch reads it at its first CUDA allocation
         alloc = [o for o in env.get("PYTORCH_CUDA_ALLOC_CONF", "").split(",") if o and "expandable_segments" not in o]
         env["PYTORCH_CUDA_ALLOC_CONF"] = ",".join(alloc + ["expandable_segments:True"])

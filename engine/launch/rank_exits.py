@@ -3,10 +3,11 @@ rank, its pid and the signal (standard library only).
 
 Two witnesses, because either alone can miss it. The other ranks: their collective fails at once, and
 on the same host they still see the dead rank as a zombie with its exit status (`lost_ranks`, called
-by the rank's failure message). And DeepSpeed's launcher in train.log: "process N spawned" per local
-rank, in rank order, and "exits with return code = -9" when it saw the first rank end; with the
-ranks' own error events (each names its pid) the one rank that wrote none is the dead one
-(`failure_cause`, called by the node and the headless launcher).
+by the rank's failure message). And the per-node launcher's lines in train.log (ours on one machine,
+engine/launch/local_ranks.py: "rank R is process N", "rank R (process N) exited with code -9";
+DeepSpeed's across machines: "process N spawned" per local rank, in rank order, and "exits with return
+code = -9" when it saw the first rank end); with the ranks' own error events (each names its pid) the
+one rank that wrote none is the dead one (`failure_cause`, called by the node and the headless launcher).
 """
 from __future__ import annotations
 
@@ -15,9 +16,16 @@ import socket
 
 from . import processes
 
-_SPAWNED = re.compile(r"^\[[^\n]*\] process (\d+) spawned with command", re.M)  # local lines only (no host: prefix)
-_SUCCEEDED = re.compile(r"Process (\d+) exits successfully")
-_RETURNCODE = re.compile(r"exits with return code = (-?\d+)")
+# DeepSpeed's launcher's lines or local_ranks.py's; local lines only (no "host:" prefix of DeepSpeed's runner)
+_SPAWNED = re.compile(r"^\[[^\n]*\] process (\d+) spawned with command|^\[local_ranks\] rank \d+ is process (\d+):", re.M)
+_SUCCEEDED = re.compile(r"Process (\d+) exits successfully|^\[local_ranks\] rank \d+ \(process (\d+)\) finished", re.M)
+_RETURNCODE = re.compile(r"exits with return code = (-?\d+)|^\[local_ranks\] rank \d+ \(process \d+\) exited with code "
+                         r"(-?\d+)", re.M)
+
+
+def _numbers(pattern: re.Pattern, text: str) -> list[int]:
+    """The one group each match of an alternation filled, as ints."""
+    return [int(a or b) for a, b in pattern.findall(text)]
 
 
 def lost_ranks(peers: list[dict], me: int) -> list[dict]:
@@ -72,11 +80,11 @@ def failure_cause(log_text: str, errors: list[dict], returncode: int | None, pid
         if returncode is not None and returncode < 0 and not errors:
             return killed_sentence("the training process", pid, returncode)
         return first
-    codes = [int(c) for c in _RETURNCODE.findall(log_text)]
+    codes = _numbers(_RETURNCODE, log_text)
     if not codes or codes[-1] >= 0:
         return first
-    spawned = [int(p) for p in _SPAWNED.findall(log_text)]
-    spoke = {e.get("pid") for e in errors} | {int(p) for p in _SUCCEEDED.findall(log_text)}
+    spawned = _numbers(_SPAWNED, log_text)
+    spoke = {e.get("pid") for e in errors} | set(_numbers(_SUCCEEDED, log_text))
     silent = [(rank, p) for rank, p in enumerate(spawned) if p not in spoke]
     if len(silent) != 1:
         return first

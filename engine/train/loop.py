@@ -1,6 +1,6 @@
 """The training loop. Read top to bottom: setup, resume, loop, save.
 
-Every rank runs this file (the DeepSpeed launcher starts one process per GPU, or per CPU
+Every rank runs this file (the per-node launcher starts one process per GPU, or per CPU
 "device" where there is no CUDA; without DeepSpeed it is one plain process). Rank 0 alone writes
 events, TensorBoard and LoRA files; every rank takes part in checkpoints (DeepSpeed's rule).
 """

@@ -30,7 +30,7 @@ _NODE_LOCAL = {"run_dir", "comfyui_root", "model_path", "cache_dir", "more_cache
 
 
 def node_rank() -> int:
-    return int(os.environ.get("CROSS_RANK", "0"))  # set per node by DeepSpeed's launcher
+    return int(os.environ.get("CROSS_RANK", "0"))  # set per node by the per-node launcher
 
 
 def comfyui_version() -> str:

@@ -2,7 +2,7 @@
 encoding, headless and on N ranks.
 
 Real parts throughout: the tiny VAE/CLIP files loaded by ComfyUI's loaders in each rank, two gloo
-ranks started by DeepSpeed's launcher, the node in-process with the same files, and the training
+ranks started by the per-node launcher, the node in-process with the same files, and the training
 engine reading the result.
 """
 from __future__ import annotations

@@ -8,9 +8,7 @@ mid-run must end the survivor within the collective timeout with a clear error; 
 """
 from __future__ import annotations
 
-import base64
 import dataclasses
-import json
 import os
 import shutil
 import subprocess
@@ -145,23 +143,21 @@ def test_deepspeed_runner_reads_the_generated_flags_as_one_launcher_per_node(tmp
     args = runner.parse_args(launcher_command(cfg, "run.json", 0, node, node.hostfile)[4:])
     active = runner.parse_inclusion_exclusion(runner.fetch_hostfile(args.hostfile), args.include, args.exclude)
     assert dict(active) == {"hostA": [1, 3], "hostB": [1, 3]}
-    # One machine: DeepSpeed's per-node launcher itself, read by its own parser, with the GPUs gpu_ids
-    # names (as this process numbers them: through its CUDA_VISIBLE_DEVICES where set).
-    from deepspeed.launcher import launch
+    # One machine: our per-node launcher (engine/launch/local_ranks.py), read by its own parser, with the
+    # GPUs gpu_ids names (as this process numbers them: through its CUDA_VISIBLE_DEVICES where set).
+    from PipeTrain.engine.launch import local_ranks
 
     one = _unvalidated(num_gpus=2, stages=2)
     one = dataclasses.replace(one, launch=dataclasses.replace(one.launch, gpu_ids="1,3"))
-    for visible, devices in ((None, [1, 3]), ("4,5,6,7", [5, 7])):
+    for visible, devices in ((None, "1,3"), ("4,5,6,7", "5,7")):
         with pytest.MonkeyPatch.context() as env:
             env.delenv("CUDA_VISIBLE_DEVICES", raising=False)
             if visible:
                 env.setenv("CUDA_VISIBLE_DEVICES", visible)
             cmd = launcher_command(one, "run.json", 29500, None)
-            env.setattr(sys, "argv", cmd[cmd.index("deepspeed.launcher.launch"):])  # launch.py reads sys.argv
-            args = launch.parse_args()
-        assert (args.master_addr, args.master_port, args.node_rank) == ("127.0.0.1", 29500, 0)
-        assert (args.module, args.no_local_rank, args.training_script) == (True, True, "engine")
-        assert json.loads(base64.urlsafe_b64decode(args.world_info)) == {"localhost": devices}  # as launch.py reads it
+        args = local_ranks._parse(cmd[cmd.index("engine.launch.local_ranks") + 1:])
+        assert (args.master_addr, args.master_port, args.devices) == ("127.0.0.1", 29500, devices)
+        assert args.module_args == ["engine", "--config", "run.json"]
     # num_nodes without a hostfile: a generated one, one line per node.
     cfg = _unvalidated(num_gpus=2, stages=2, num_nodes=2, no_ssh=True, master_addr="10.0.0.1")
     node = cluster.plan(cfg, node_rank=0)

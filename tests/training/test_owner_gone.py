@@ -1,6 +1,6 @@
 """The process that started a run (the ComfyUI server) dies by `kill -9` (issue 22): the run notices
 within seconds, checkpoints and exits. A sleeping process stands in for the server; the plain
-backend (one process, no DeepSpeed launcher) on the tiny UNet. tests/e2e/test_process_faults_server.py
+backend (one process, no launcher) on the tiny UNet. tests/e2e/test_process_faults_server.py
 kills a real server with DeepSpeed ranks."""
 from __future__ import annotations
 

@@ -28,7 +28,7 @@ def test_a_live_folder_is_refused_and_its_stale_lock_is_taken_over(tmp_path, com
     live = EngineRun(cfg)
     try:
         live.wait_for("checkpoint", timeout=240)
-        processes = engine_processes(cfg.run_dir)  # DeepSpeed's launcher and the rank
+        processes = engine_processes(cfg.run_dir)  # the per-node launcher and the rank
         resumed = dataclasses.replace(cfg, resume=True)
         second = tmp_path / "second.json"  # the same run folder, resumed from a shell
         resumed.save(second)

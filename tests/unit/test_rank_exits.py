@@ -1,5 +1,5 @@
 """Naming a rank that died of a signal (engine/launch/rank_exits.py): from a surviving rank's view
-of its zombie, and from DeepSpeed's launcher lines in train.log with the ranks' own error events."""
+of its zombie, and from the launchers' lines in train.log with the ranks' own error events."""
 from __future__ import annotations
 
 import os
@@ -37,7 +37,7 @@ def test_a_killed_plain_process_is_named():
 
 
 def test_a_surviving_rank_sees_the_killed_peer_as_a_zombie():
-    peer = subprocess.Popen(["sleep", "60"])  # not reaped until wait(): as DeepSpeed's launcher polls each second
+    peer = subprocess.Popen(["sleep", "60"])  # not reaped until wait(): as the launcher polls each second
     try:
         facts = [{"rank": 0, "pid": peer.pid, "start": processes.start_time(peer.pid), "host": socket.gethostname()},
                  {"rank": 1, "pid": os.getpid(), "host": socket.gethostname()}]
@@ -54,3 +54,22 @@ def test_a_surviving_rank_sees_the_killed_peer_as_a_zombie():
         peer.wait()
     reaped = rank_exits.lost_ranks(facts, me=1)  # gone without a status: the rank's error is the cause
     assert reaped[0]["returncode"] is None and "stopped first" in rank_exits.stopped_peer(reaped)
+
+
+OUR_LOG = """[local_ranks] rank 0 is process 2064: python -u -m engine --config run.json
+[local_ranks] rank 1 is process 2065: python -u -m engine --config run.json
+[rank1]: RuntimeError: Connection closed by peer
+[local_ranks] rank 0 (process 2064) exited with code -9: stopping the other ranks
+[local_ranks] every rank has ended; exiting with rank 0's code
+"""
+
+
+def test_our_launchers_lines_name_the_silent_rank_too():
+    lost = dict(LOST_CONTACT, pid=2065)
+    cause = rank_exits.failure_cause(OUR_LOG, [lost], 137, 2000, "deepspeed")
+    assert cause.startswith("rank 0 (pid 2064) was killed by SIGKILL (signal 9) without an error of its own"), cause
+    finished = OUR_LOG.replace("[rank1]: RuntimeError: Connection closed by peer",
+                               "[local_ranks] rank 1 (process 2065) finished")
+    assert rank_exits.failure_cause(finished, [], 137, 2000, "deepspeed").startswith("rank 0 (pid 2064) was killed")
+    assert rank_exits.failure_cause(OUR_LOG.replace("code -9", "code 1"), [lost], 1, 2000, "deepspeed") == \
+        lost["message"]
