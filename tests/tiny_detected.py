@@ -65,9 +65,9 @@ def use_tiny_detection(monkeypatch) -> None:
 
     def tiny_command(*args, **kwargs):
         cmd = command(*args, **kwargs)
-        i = cmd.index("--module")
-        assert cmd[i:i + 3] == ["--module", "--no_local_rank", "engine"], cmd
-        return cmd[:i] + ["--no_local_rank", str(Path(__file__).resolve())] + cmd[i + 3:]
+        i = cmd.index("--")  # engine/launch/local_ranks.py: what follows is what each rank runs
+        assert cmd[i + 1] == "engine", cmd
+        return cmd[:i + 1] + [str(Path(__file__).resolve())] + cmd[i + 2:]
 
     monkeypatch.setattr(launcher, "launcher_command", tiny_command)
 

@@ -2,6 +2,7 @@
 library only; psutil where installed).
 
     python -m engine.launch.local_ranks --devices 0,1 --master_port 29500 -- engine --config run.json
+    (after `--`: a module and its arguments, or a Python file's path and its arguments)
 
 It gives each rank the environment DeepSpeed's own per-node launcher (`deepspeed.launcher.launch`)
 gives it: CUDA_VISIBLE_DEVICES (the run's devices), MASTER_ADDR / MASTER_PORT, WORLD_SIZE, RANK,
@@ -40,6 +41,12 @@ def rank_env(base: dict[str, str], devices: list[int], rank: int, master_addr: s
                 "MASTER_PORT": str(master_port), "WORLD_SIZE": str(len(devices)), "LOCAL_SIZE": str(len(devices)),
                 "RANK": str(rank), "LOCAL_RANK": str(rank), "CROSS_RANK": "0", "CROSS_SIZE": "1"})
     return env
+
+
+def rank_command(args: list[str]) -> list[str]:
+    """What each rank runs: `python -u -m MODULE ARGS`, or `python -u FILE.py ARGS` where the first
+    argument is a Python file (as DeepSpeed's launcher takes a module with --module, else a script)."""
+    return [sys.executable, "-u"] + (args if args[0].endswith(".py") else ["-m"] + args)
 
 
 def exit_code(returncode: int) -> int:
@@ -111,7 +118,7 @@ def run(devices: list[int], master_addr: str, master_port: int, module_args: lis
         signal.signal(sig, _interrupted)
     try:
         for rank in range(len(devices)):
-            cmd = [sys.executable, "-u", "-m"] + module_args
+            cmd = rank_command(module_args)
             procs.append(subprocess.Popen(cmd, env=rank_env(os.environ, devices, rank, master_addr, master_port)))
             _say(f"rank {rank} is process {procs[-1].pid}: {' '.join(cmd)}")
         running = dict(enumerate(procs))
@@ -143,7 +150,8 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--devices", required=True, help="device numbers, comma-separated, one rank each")
     parser.add_argument("--master_addr", default="127.0.0.1")
     parser.add_argument("--master_port", type=int, required=True)
-    parser.add_argument("module_args", nargs=argparse.REMAINDER, help="-- MODULE ARGS...: what `python -m` runs")
+    parser.add_argument("module_args", nargs=argparse.REMAINDER,
+                        help="-- MODULE ARGS... (what `python -m` runs) or -- FILE.py ARGS... (a script)")
     args = parser.parse_args(argv)
     if args.module_args[:1] == ["--"]:
         args.module_args = args.module_args[1:]

@@ -11,6 +11,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from PipeTrain.engine.launch import local_ranks
 
 REPO = Path(__file__).resolve().parents[2]
@@ -26,10 +28,12 @@ time.sleep(float(sys.argv[4]))
 """
 
 
-def _launch(tmp_path: Path, failing_rank: int, code: int, sleep: float) -> subprocess.Popen:
+def _launch(tmp_path: Path, failing_rank: int, code: int, sleep: float, as_file: bool = False) -> subprocess.Popen:
+    """The launcher on two fake ranks, run as a module (`-- fake_rank ...`) or as a file (`-- /x/fake_rank.py ...`)."""
     (tmp_path / "fake_rank.py").write_text(RANK)
+    target = str(tmp_path / "fake_rank.py") if as_file else "fake_rank"
     cmd = [sys.executable, "-m", "engine.launch.local_ranks", "--devices=3,5", "--master_port=29999", "--",
-           "fake_rank", str(tmp_path), str(failing_rank), str(code), str(sleep)]
+           target, str(tmp_path), str(failing_rank), str(code), str(sleep)]
     env = dict(os.environ, PYTHONPATH=f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
     return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
@@ -42,8 +46,9 @@ def _alive(pid: int) -> bool:
     return Path(f"/proc/{pid}").exists() and "zombie" not in Path(f"/proc/{pid}/status").read_text().lower()
 
 
-def test_each_rank_gets_the_environment_deepspeeds_launcher_would_give_it(tmp_path):
-    proc = _launch(tmp_path, failing_rank=-1, code=0, sleep=0)
+@pytest.mark.parametrize("as_file", [False, True], ids=["module", "file"])
+def test_each_rank_gets_the_environment_deepspeeds_launcher_would_give_it(tmp_path, as_file):
+    proc = _launch(tmp_path, failing_rank=-1, code=0, sleep=0, as_file=as_file)
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 0, out
     envs = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
