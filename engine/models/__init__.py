@@ -21,6 +21,7 @@ from .auraflow import AuraFlowAdapter
 from .chroma import ChromaAdapter
 from .cosmos import CosmosAdapter
 from .cosmos_predict2 import CosmosPredict2Adapter
+from .ernie_image import ErnieImageAdapter
 from .flux import FluxAdapter
 from .flux2 import Flux2Adapter
 from .hidream import HiDreamAdapter
@@ -49,6 +50,7 @@ ADAPTERS = {
     LTXVAdapter.name: LTXVAdapter,
     CosmosPredict2Adapter.name: CosmosPredict2Adapter,
     CosmosAdapter.name: CosmosAdapter,
+    ErnieImageAdapter.name: ErnieImageAdapter,  # ComfyUI 0.33+
 }
 
 
