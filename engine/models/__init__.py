@@ -26,6 +26,7 @@ from .flux import FluxAdapter
 from .flux2 import Flux2Adapter
 from .hidream import HiDreamAdapter
 from .hunyuan_video import HunyuanVideoAdapter
+from .ideogram4 import Ideogram4Adapter
 from .ltxv import LTXVAdapter
 from .lumina import LuminaAdapter
 from .omnigen2 import OmniGen2Adapter
@@ -51,6 +52,7 @@ ADAPTERS = {
     CosmosPredict2Adapter.name: CosmosPredict2Adapter,
     CosmosAdapter.name: CosmosAdapter,
     ErnieImageAdapter.name: ErnieImageAdapter,  # ComfyUI 0.33+
+    Ideogram4Adapter.name: Ideogram4Adapter,  # ComfyUI 0.33+
 }
 
 
