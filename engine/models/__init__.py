@@ -27,6 +27,7 @@ from .flux2 import Flux2Adapter
 from .hidream import HiDreamAdapter
 from .hunyuan_video import HunyuanVideoAdapter
 from .ideogram4 import Ideogram4Adapter
+from .krea2 import Krea2Adapter
 from .ltxv import LTXVAdapter
 from .lumina import LuminaAdapter
 from .omnigen2 import OmniGen2Adapter
@@ -53,6 +54,7 @@ ADAPTERS = {
     CosmosAdapter.name: CosmosAdapter,
     ErnieImageAdapter.name: ErnieImageAdapter,  # ComfyUI 0.33+
     Ideogram4Adapter.name: Ideogram4Adapter,  # ComfyUI 0.33+
+    Krea2Adapter.name: Krea2Adapter,  # ComfyUI 0.33+
 }
 
 
