@@ -219,11 +219,14 @@ def wait_for_steps(run_dir, count: int, timeout: float = 300, proc: subprocess.P
 
 def rewound_copy(run_dir, to: Path, drop: str, latest: str) -> Path:
     """A copy of a finished run folder as it stood at checkpoint `latest` (e.g. "step000003"): the later
-    checkpoint `drop` and the saved LoRA files removed, `latest` pointing back. Resuming it must repeat
-    the uninterrupted run's later steps."""
+    checkpoint `drop` and the saved LoRA files (a full fine-tune's model files) removed, `latest` pointing
+    back. Resuming it must repeat the uninterrupted run's later steps."""
     shutil.copytree(run_dir, to)
     shutil.rmtree(to / "checkpoints" / drop)
-    shutil.rmtree(to / "lora")
+    saved = [to / d for d in ("lora", "model") if (to / d).is_dir()]
+    assert saved, f"{run_dir} saved nothing"
+    for folder in saved:
+        shutil.rmtree(folder)
     (to / "checkpoints" / "latest").write_text(latest)
     return to
 

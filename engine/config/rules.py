@@ -62,9 +62,6 @@ def check_full_finetune(lora: "LoraSpec", memory: "MemorySpec", train: "TrainSpe
           f"a full fine-tune does not work with block swap yet (memory.block_swap {memory.block_swap}: it moves "
           "frozen blocks, the trained ones would lose their optimizer state): set block_swap to 0, and use "
           "activation checkpointing and an 8-bit or CPU-offload optimizer to save memory.")
-    check(memory.pipeline_stages == 1,
-          f"a full fine-tune runs in one pipeline stage for now (memory.pipeline_stages {memory.pipeline_stages}): "
-          "set pipeline_stages to 1 (several GPUs then train data parallel).")
     check(train.ema_decay == 0,
           f"a full fine-tune keeps no EMA yet (train.ema_decay {train.ema_decay:g} would hold a second copy of every "
           "trained weight): set ema_decay to 0.")

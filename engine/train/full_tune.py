@@ -65,11 +65,13 @@ def unfreeze_blocks(diffusion_model: nn.Module, spec: LoraSpec) -> list[str]:
     return names
 
 
-def model_tensors(diffusion_model: nn.Module, dtype: torch.dtype = torch.bfloat16) -> dict[str, torch.Tensor]:
+def model_tensors(diffusion_model: nn.Module, trained: dict[str, torch.Tensor] | None = None,
+                  dtype: torch.dtype = torch.bfloat16) -> dict[str, torch.Tensor]:
     """The whole diffusion model's state dict (its keys are ComfyUI's own, which comfy.sd.load_diffusion_model
-    detects), floating tensors in `dtype`, as contiguous CPU copies."""
+    detects), floating tensors in `dtype`, as contiguous CPU copies. `trained`: tensors by name that replace the
+    model's own (a pipelined run's weights, each trained on its stage's rank)."""
     out = {}
-    for name, tensor in diffusion_model.state_dict().items():
+    for name, tensor in {**diffusion_model.state_dict(), **(trained or {})}.items():
         tensor = tensor.detach().to("cpu")
         out[name] = (tensor.to(dtype) if tensor.is_floating_point() else tensor).contiguous().clone()
     return out

@@ -256,11 +256,13 @@ def train(cfg: RunConfig, device: torch.device, events: EventLog, phases: SetupP
         return stopping
 
     def save_lora(name: str, step: int) -> None:
-        if full:  # the whole diffusion model, bf16, ComfyUI's keys (engine/model_files.py); one stage only
+        if full:  # the whole diffusion model, bf16, ComfyUI's keys (engine/model_files.py)
+            # Pipelined, each stage trained its own blocks: rank 0 takes theirs over its copy (a collective).
+            staged = pipeline.gather_lora(engine.module, lora_names) if pipelined else None
             if rank == 0:
                 from .lora import save_lora as write
                 path = run_dir / model_files.FOLDER / name
-                write(path, model_tensors(model.diffusion_model), {**meta, "pipetrain_steps": str(step)})
+                write(path, model_tensors(model.diffusion_model, staged), {**meta, "pipetrain_steps": str(step)})
                 events.emit("saved", step=step, path=str(path))
             return
         # Pipelined, every stage holds part of the LoRA: gathering it is a collective on all ranks.

@@ -3,7 +3,8 @@
 The world of N ranks is a grid of `pipeline_stages` x (N / pipeline_stages) data-parallel
 replicas. DeepSpeed's PipelineEngine runs the micro-batches of one optimizer step through the
 stages (train_batch); our part is the layer list (engine/models/<family>.py), the data each
-replica feeds, and gathering the LoRA, which is spread over the stages, into one file.
+replica feeds, and gathering what trained (the LoRA, or a full fine-tune's block weights), which is spread
+over the stages, into one file.
 
 DeepSpeed trap (GPU-BASELINE.md): with a LoRA and no ZeRO, its PipelineEngine only runs with
 torch-style backward enabled, and then non-last stages would divide gradients by the
@@ -61,8 +62,9 @@ def build_engine(cfg: RunConfig, model, objective: DiffusionObjective, optimizer
         fixes = "move memory.pipeline_split so that every stage holds at least one block, or use fewer pipeline_stages"
         if cfg.lora.targets != "all_linear":
             fixes += ", or the 'all_linear' targets"
+        what = "trained weights" if cfg.lora.kind == "full" else "LoRA weights"
         raise ConfigError(f"pipeline stage {module.stage_id + 1}/{stages} (layers {start}-{stop - 1} of {len(layers)}) "
-                          f"holds no LoRA weights with these LoRA targets ({cfg.lora.targets}): {fixes}.")
+                          f"holds no {what} with these targets ({cfg.lora.targets}): {fixes}.")
     ds_patches.clip_by_the_whole_replica(params)
     optimizer = optimizer_factory(params)
     engine, _, _, _ = deepspeed.initialize(model=module, optimizer=optimizer, lr_scheduler=scheduler_factory(optimizer),

@@ -136,7 +136,6 @@ FULL = LoraSpec(kind="full")
 @pytest.mark.parametrize("change,needle", [
     (dict(memory=MemorySpec(base_dtype="float8_e4m3fn")), "cannot train fp8 weights (memory.base_dtype"),
     (dict(memory=MemorySpec(block_swap=4)), "does not work with block swap yet (memory.block_swap 4"),
-    (dict(memory=MemorySpec(pipeline_stages=2)), "one pipeline stage for now (memory.pipeline_stages 2): set"),
     (dict(train=TrainSpec(ema_decay=0.999)), "keeps no EMA yet (train.ema_decay 0.999"),
     (dict(lora=dataclasses.replace(FULL, init_from="a.safetensors")), "kind 'full' trains the model itself"),
 ])
@@ -148,6 +147,13 @@ def test_what_a_full_finetune_cannot_do_is_refused_with_the_fix(change, needle):
         dataclasses.replace(cfg, **change).validate()
     if "lora" not in change:  # a LoRA run takes the same settings
         dataclasses.replace(cfg, lora=LoraSpec(), **change).validate()
+
+
+def test_a_full_finetune_takes_pipeline_stages():
+    """Each stage trains its own blocks (tests/training/test_pipeline_full_finetune.py runs it)."""
+    cfg = RunConfig(run_name="r", run_dir="x", comfyui_root="c", model_path="m", cache_dir="d", lora=FULL,
+                    memory=MemorySpec(pipeline_stages=2), launch=LaunchSpec(num_gpus=2))
+    cfg.validate()
 
 
 @pytest.fixture
