@@ -74,6 +74,25 @@ def two_stream_layers(base, embed, double, single, head, doubles, singles) -> li
             head(base)]
 
 
+def block_list_layers(base, embed, block, head, blocks) -> list[nn.Module]:
+    """The stage layers of a model with one list of blocks: the embedding, each block (BlockLayer's
+    arguments, with the diffusion model), the head."""
+    blocks = list(blocks)
+    return [embed(base), *[block(b, i, len(blocks), dm=base.diffusion_model) for i, b in enumerate(blocks)],
+            head(base)]
+
+
+def host_class(module: str, name: str):
+    """The host ComfyUI's class `name` in `module`, or None where the host has no such family (a ComfyUI
+    older than it): an adapter of a newer family then matches no model."""
+    import importlib
+
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError):
+        return None
+
+
 def refuse_unhandled(kwargs, handled, family: str, supports: str, names: dict | None = None) -> None:
     """A ConfigError naming every kwarg of model.extra_conds outside `handled` (as `names` describes
     it, else by its key): what the adapter does not reproduce, which pipeline_stages 1 trains."""

@@ -12,7 +12,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .common import BlockLayer, EmbedLayer, HeadLayer, apply_model_start, keep_in_graph, refuse_unhandled, require_text
+from .common import (BlockLayer, EmbedLayer, HeadLayer, apply_model_start, block_list_layers, host_class, keep_in_graph,
+                     refuse_unhandled, require_text)
 
 _HANDLED = {"c_crossattn"}
 _MODULATION = 6  # shift, scale and gate of the attention and of the MLP
@@ -91,12 +92,8 @@ class ErnieImageAdapter:
     partition = "uniform"  # identical layers: the same number per stage
 
     @staticmethod
-    def matches(base_model) -> bool:
-        try:
-            from comfy.ldm.ernie.model import ErnieImageModel
-        except ImportError:  # ComfyUI before 0.33 has no Ernie-Image
-            return False
-        return type(base_model.diffusion_model) is ErnieImageModel
+    def matches(base_model) -> bool:  # ComfyUI 0.33+
+        return type(base_model.diffusion_model) is host_class("comfy.ldm.ernie.model", "ErnieImageModel")
 
     @staticmethod
     def first_stage_inputs(prepared) -> tuple[torch.Tensor, ...]:
@@ -107,6 +104,4 @@ class ErnieImageAdapter:
 
     @staticmethod
     def layers(base_model) -> list[nn.Module]:
-        dm = base_model.diffusion_model
-        total = len(dm.layers)
-        return [_Embed(base_model), *[_Block(b, i, total, dm=dm) for i, b in enumerate(dm.layers)], _Head(base_model)]
+        return block_list_layers(base_model, _Embed, _Block, _Head, base_model.diffusion_model.layers)

@@ -14,8 +14,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .common import (BlockLayer, EmbedLayer, HeadLayer, apply_model_start, keep_in_graph, or_none, refuse_unhandled,
-                     require_text)
+from .common import (BlockLayer, EmbedLayer, HeadLayer, apply_model_start, block_list_layers, host_class, keep_in_graph,
+                     or_none, refuse_unhandled, require_text)
 
 _HANDLED = {"c_crossattn", "attention_mask"}
 
@@ -129,12 +129,8 @@ class Ideogram4Adapter:
     partition = "uniform"  # identical layers: the same number per stage
 
     @staticmethod
-    def matches(base_model) -> bool:
-        try:
-            from comfy.ldm.ideogram4.model import Ideogram4Transformer2DModel
-        except ImportError:  # ComfyUI before 0.33 has no Ideogram 4
-            return False
-        return type(base_model.diffusion_model) is Ideogram4Transformer2DModel
+    def matches(base_model) -> bool:  # ComfyUI 0.33+
+        return type(base_model.diffusion_model) is host_class("comfy.ldm.ideogram4.model", "Ideogram4Transformer2DModel")
 
     @staticmethod
     def first_stage_inputs(prepared) -> tuple[torch.Tensor, ...]:
@@ -145,6 +141,4 @@ class Ideogram4Adapter:
 
     @staticmethod
     def layers(base_model) -> list[nn.Module]:
-        dm = base_model.diffusion_model
-        total = len(dm.layers)
-        return [_Embed(base_model), *[_Block(b, i, total, dm=dm) for i, b in enumerate(dm.layers)], _Head(base_model)]
+        return block_list_layers(base_model, _Embed, _Block, _Head, base_model.diffusion_model.layers)

@@ -16,7 +16,8 @@ import torch
 from torch import nn
 
 from . import references
-from .common import BlockLayer, EmbedLayer, HeadLayer, apply_model_start, keep_in_graph, refuse_unhandled, require_text
+from .common import (BlockLayer, EmbedLayer, HeadLayer, apply_model_start, block_list_layers, host_class, keep_in_graph,
+                     refuse_unhandled, require_text)
 
 _HANDLED = {"c_crossattn", "ref_latents", "ref_latents_method"}
 # Reference methods as codes for the first stage (references.method_code): -1 the model's default (Krea 2
@@ -125,12 +126,8 @@ class Krea2Adapter:
     partition = "uniform"  # identical blocks: the same number of layers per stage
 
     @staticmethod
-    def matches(base_model) -> bool:
-        try:
-            from comfy.ldm.krea2.model import SingleStreamDiT
-        except ImportError:  # ComfyUI before 0.33 has no Krea 2
-            return False
-        return type(base_model.diffusion_model) is SingleStreamDiT
+    def matches(base_model) -> bool:  # ComfyUI 0.33+
+        return type(base_model.diffusion_model) is host_class("comfy.ldm.krea2.model", "SingleStreamDiT")
 
     @staticmethod
     def first_stage_inputs(prepared) -> tuple[torch.Tensor, ...]:
@@ -143,6 +140,4 @@ class Krea2Adapter:
 
     @staticmethod
     def layers(base_model) -> list[nn.Module]:
-        dm = base_model.diffusion_model
-        total = len(dm.blocks)
-        return [_Embed(base_model), *[_Block(b, i, total, dm=dm) for i, b in enumerate(dm.blocks)], _Head(base_model)]
+        return block_list_layers(base_model, _Embed, _Block, _Head, base_model.diffusion_model.blocks)
