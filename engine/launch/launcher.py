@@ -83,6 +83,9 @@ def local_devices(ids: list[int], visible: str | None) -> list[int]:
     return [shown[i] if i < len(shown) else i for i in ids]
 
 
+COMPILE_CACHE = ".torch-compile-cache"  # beside the run folders (output/pipetrain/), unless TORCHINDUCTOR_CACHE_DIR is set
+
+
 def launcher_env(cfg: RunConfig, cuda: bool, owner: int | None = None) -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONUNBUFFERED"] = "1"
@@ -94,6 +97,10 @@ def launcher_env(cfg: RunConfig, cuda: bool, owner: int | None = None) -> dict[s
     if cfg.memory.expandable_segments:  # the ranks inherit it; torch reads it at its first CUDA allocation
         alloc = [o for o in env.get("PYTORCH_CUDA_ALLOC_CONF", "").split(",") if o and "expandable_segments" not in o]
         env["PYTORCH_CUDA_ALLOC_CONF"] = ",".join(alloc + ["expandable_segments:True"])
+    # torch.compile's cache (inductor's graphs and kernels, Triton's binaries under it) beside the run folders
+    # rather than in /tmp: a later run of the same model and settings compiles nothing again, after a reboot too.
+    env.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(os.path.dirname(os.path.abspath(cfg.run_dir)),
+                                                           COMPILE_CACHE))
     if not cuda:
         env["DS_ACCELERATOR"] = "cpu"
         # Ranks share the CPU cores: without this each rank starts one thread per core.

@@ -3,6 +3,7 @@ setting, the MemoryOptions node (tooltips, saved workflows with the old boolean)
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -128,3 +129,15 @@ def test_expandable_segments_reaches_the_ranks_environment(run_json, monkeypatch
     assert env["PYTORCH_CUDA_ALLOC_CONF"] == "max_split_size_mb:512,expandable_segments:True"
     off = RunConfig.from_dict(run_json)
     assert launcher_env(off, cuda=True)["PYTORCH_CUDA_ALLOC_CONF"] == "max_split_size_mb:512,expandable_segments:False"
+
+
+def test_the_compile_cache_lies_beside_the_run_folders_unless_set(run_json, monkeypatch):
+    """torch.compile's cache goes next to the run folders (kept after a reboot), or where the user points it."""
+    from PipeTrain.engine.launch.launcher import COMPILE_CACHE, launcher_env
+
+    cfg = RunConfig.from_dict(run_json)
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    want = os.path.join(os.path.dirname(os.path.abspath(cfg.run_dir)), COMPILE_CACHE)
+    assert launcher_env(cfg, cuda=True)["TORCHINDUCTOR_CACHE_DIR"] == want
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/elsewhere")
+    assert launcher_env(cfg, cuda=True)["TORCHINDUCTOR_CACHE_DIR"] == "/elsewhere"
