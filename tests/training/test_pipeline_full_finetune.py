@@ -1,7 +1,8 @@
 """A full fine-tune (lora.kind = "full") on a 2-stage DeepSpeed pipeline (2 gloo processes, tiny Wan):
 each stage trains its own blocks, and the run equals one plain process: the same losses and gradient norms,
 and the saved diffusion-model file (rank 0 takes the other stage's trained weights over its own copy) holds
-the same weights; a resume from a mid-run checkpoint of the pipeline repeats the uninterrupted run."""
+the same weights; a resume from a mid-run checkpoint of the pipeline repeats the uninterrupted run, also as
+2-way data parallel."""
 from __future__ import annotations
 
 import dataclasses
@@ -29,11 +30,11 @@ def wan_files(comfy_root, tmp_path_factory):
 
 
 def _config(run_dir: Path, comfy_root: str, wan_files, processes: int, stages: int, steps: int = 3,
-            checkpoint_every: int = 0) -> RunConfig:
+            checkpoint_every: int = 0, grad_accum: int = 2) -> RunConfig:
     cfg = RunConfig(run_name=run_dir.name, run_dir=str(run_dir), comfyui_root=comfy_root, model_path=wan_files[0],
                     cache_dir=wan_files[1], lora=LoraSpec(kind="full", targets="attention_mlp"),
                     memory=MemorySpec(pipeline_stages=stages),
-                    train=TrainSpec(steps=steps, learning_rate=1e-3, batch_size=1, grad_accum=2, seed=1,
+                    train=TrainSpec(steps=steps, learning_rate=1e-3, batch_size=1, grad_accum=grad_accum, seed=1,
                                     checkpoint_every=checkpoint_every),
                     launch=LaunchSpec(num_gpus=processes))
     cfg.validate()
@@ -65,6 +66,8 @@ def test_two_stage_full_finetune_trains_like_one_process(tmp_path, comfy_root, w
 
 
 def test_pipeline_full_finetune_resume_equals_uninterrupted(tmp_path, comfy_root, wan_files):
+    """Resumed from its step-2 checkpoint as the same 2-stage pipeline, and as 2-way data parallel (1 replica at
+    grad_accum 2 -> 2 replicas at 1: the same global batch; engine/train/elastic.py)."""
     whole = run_to_end(_config(tmp_path / "whole", comfy_root, wan_files, 2, 2, steps=4, checkpoint_every=2))
     resumed_dir = rewound_copy(whole.cfg.run_dir, tmp_path / "resumed", "step000004", "step000002")
     resumed = run_to_end(dataclasses.replace(whole.cfg, run_dir=str(resumed_dir), resume=True))
@@ -72,3 +75,11 @@ def test_pipeline_full_finetune_resume_equals_uninterrupted(tmp_path, comfy_root
     assert resumed.losses() == pytest.approx(whole.losses()[2:], rel=1e-5, abs=1e-7)
     want, got = _model(whole), _model(resumed)
     assert all(torch.equal(got[k], want[k]) for k in want)
+    dp_dir = rewound_copy(whole.cfg.run_dir, tmp_path / "dp", "step000004", "step000002")
+    dp = run_to_end(dataclasses.replace(_config(dp_dir, comfy_root, wan_files, 2, 1, steps=4, checkpoint_every=2,
+                                                grad_accum=1), resume=True))
+    assert [e["step"] for e in dp.of("step")] == [3, 4] and dp.of("world_changed")
+    assert dp.losses() == pytest.approx(whole.losses()[2:], rel=1e-4, abs=1e-6)
+    got = _model(dp)
+    for key in want:  # float32 sums in another order, then bf16: at most one bf16 step apart
+        torch.testing.assert_close(got[key].float(), want[key].float(), rtol=2 ** -7, atol=1e-6, msg=key)
