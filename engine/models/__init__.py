@@ -30,6 +30,7 @@ from .ideogram4 import Ideogram4Adapter
 from .krea2 import Krea2Adapter
 from .ltxv import LTXVAdapter
 from .lumina import LuminaAdapter
+from .minimax_h3 import MiniMaxH3Adapter
 from .omnigen2 import OmniGen2Adapter
 from .qwen_image import QwenImageAdapter
 from .sd3 import SD3Adapter
@@ -55,6 +56,7 @@ ADAPTERS = {
     ErnieImageAdapter.name: ErnieImageAdapter,  # ComfyUI 0.33+
     Ideogram4Adapter.name: Ideogram4Adapter,  # ComfyUI 0.33+
     Krea2Adapter.name: Krea2Adapter,  # ComfyUI 0.33+
+    MiniMaxH3Adapter.name: MiniMaxH3Adapter,  # ComfyUI 0.33+
 }
 
 
