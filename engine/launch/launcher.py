@@ -86,6 +86,22 @@ def local_devices(ids: list[int], visible: str | None) -> list[int]:
 COMPILE_CACHE = ".torch-compile-cache"  # beside the run folders (output/pipetrain/), unless TORCHINDUCTOR_CACHE_DIR is set
 
 
+def _chosen_compile_cache(value: str | None) -> bool:
+    """Whether TORCHINDUCTOR_CACHE_DIR names a folder someone chose. torch writes its own default (the temp
+    folder's torchinductor_<user>) into the environment of a process that compiled or imported its
+    compiler (a ComfyUI server, a benchmark), so that value counts as unset."""
+    if not value:
+        return False
+    import getpass
+    import tempfile
+
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        return True  # no user name to build torch's default from: keep the value
+    return os.path.abspath(value) != os.path.join(tempfile.gettempdir(), "torchinductor_" + user)
+
+
 def launcher_env(cfg: RunConfig, cuda: bool, owner: int | None = None) -> dict[str, str]:
     env = dict(os.environ)
     env["PYTHONUNBUFFERED"] = "1"
@@ -97,10 +113,10 @@ def launcher_env(cfg: RunConfig, cuda: bool, owner: int | None = None) -> dict[s
     if cfg.memory.expandable_segments:  # the ranks inherit it; torch reads it at its first CUDA allocation
         alloc = [o for o in env.get("PYTORCH_CUDA_ALLOC_CONF", "").split(",") if o and "expandable_segments" not in o]
         env["PYTORCH_CUDA_ALLOC_CONF"] = ",".join(alloc + ["expandable_segments:True"])
-    # torch.compile's cache (inductor's graphs and kernels, Triton's binaries under it) beside the run folders
-    # rather than in /tmp: a later run of the same model and settings compiles nothing again, after a reboot too.
-    env.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(os.path.dirname(os.path.abspath(cfg.run_dir)),
-                                                           COMPILE_CACHE))
+    if not _chosen_compile_cache(env.get("TORCHINDUCTOR_CACHE_DIR")):
+        # torch.compile's cache (inductor's graphs and kernels, Triton's binaries under it) beside the run
+        # folders rather than in /tmp: a later run of the same model compiles nothing again, after a reboot too.
+        env["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(os.path.dirname(os.path.abspath(cfg.run_dir)), COMPILE_CACHE)
     if not cuda:
         env["DS_ACCELERATOR"] = "cpu"
         # Ranks share the CPU cores: without this each rank starts one thread per core.

@@ -141,3 +141,8 @@ def test_the_compile_cache_lies_beside_the_run_folders_unless_set(run_json, monk
     assert launcher_env(cfg, cuda=True)["TORCHINDUCTOR_CACHE_DIR"] == want
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/elsewhere")
     assert launcher_env(cfg, cuda=True)["TORCHINDUCTOR_CACHE_DIR"] == "/elsewhere"
+    # torch puts its own default into the environment of a process that compiled (a ComfyUI server): not a choice
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", default_cache_dir())
+    assert launcher_env(cfg, cuda=True)["TORCHINDUCTOR_CACHE_DIR"] == want
