@@ -258,7 +258,7 @@ def train(cfg: RunConfig, device: torch.device, events: EventLog, phases: SetupP
     def save_lora(name: str, step: int) -> None:
         if full:  # the whole diffusion model, bf16, ComfyUI's keys (engine/model_files.py)
             # Pipelined, each stage trained its own blocks: rank 0 takes theirs over its copy (a collective).
-            staged = pipeline.gather_lora(engine.module, lora_names) if pipelined else None
+            staged = pipeline.gather_weights(engine.module, lora_names) if pipelined else None
             if rank == 0:
                 from .lora import save_lora as write
                 path = run_dir / model_files.FOLDER / name

@@ -161,6 +161,32 @@ def gather_lora(module: torch.nn.Module, names: dict[int, str]) -> dict[str, tor
                          for p in module.parameters() if id(p) in names})
 
 
+def gather_weights(module: torch.nn.Module, names: dict[int, str]) -> dict[str, torch.Tensor] | None:
+    """Every stage's trained tensors by name on global rank 0 as CPU copies (None elsewhere), one tensor at a
+    time from the first rank that holds it: a full fine-tune's stage holds gigabytes, which gather_named would
+    put on every rank at once (and, with NCCL, through the GPU). A collective: every rank calls it."""
+    mine = {names[id(p)]: p for p in module.parameters() if id(p) in names}
+    listing = [None] * tdist.get_world_size()
+    tdist.all_gather_object(listing, {n: (tuple(p.shape), str(p.dtype).removeprefix("torch.")) for n, p in mine.items()})
+    rank = tdist.get_rank()
+    on = torch.device("cuda", torch.cuda.current_device()) if tdist.get_backend() == "nccl" else torch.device("cpu")
+    out, sent = ({} if rank == 0 else None), set()
+    for source, held in enumerate(listing):  # the same order on every rank
+        for name, (shape, dtype) in held.items():
+            if name in sent:  # a replica of a stage already sent it
+                continue
+            sent.add(name)
+            if source == 0 and rank == 0:
+                out[name] = mine[name].detach().to("cpu").clone()
+            elif rank == source:
+                tdist.send(mine[name].detach().contiguous(), dst=0)
+            elif rank == 0:
+                buffer = torch.empty(shape, dtype=getattr(torch, dtype), device=on)
+                tdist.recv(buffer, src=source)
+                out[name] = buffer.to("cpu")
+    return out
+
+
 def gather_named(mine: dict[str, torch.Tensor], everywhere: bool = False) -> dict[str, torch.Tensor] | None:
     """Every rank's tensors by name (each stage's part of the LoRA or its EMA), merged on global rank 0
     (None elsewhere), or on every rank with `everywhere`. A collective: every rank calls it."""
