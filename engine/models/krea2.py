@@ -1,7 +1,7 @@
 """Krea 2 (comfy.ldm.krea2.model.SingleStreamDiT, ComfyUI 0.33+) as pipeline stage layers.
 
-Mirrors SingleStreamDiT._forward of ComfyUI 0.33.0: the latent (a video latent of one frame is folded into
-the batch, as upstream folds frames) cut into patches, reference latents appended after the target's
+Mirrors SingleStreamDiT._forward of ComfyUI 0.33.0: the latent (the Wan VAE's one-frame video latent, its
+frame folded into the batch as upstream folds frames) cut into patches, reference latents appended after the target's
 tokens when a reference method is set (each at its own index; "index_timestep_zero" modulates them as at
 timestep 0 with a second timestep vector), the text fused from its Qwen3-VL layers by the model's own text
 fusion transformer (part of the embedding, like its projections), then one sequence of text and image
