@@ -44,8 +44,8 @@ class PipeTrainMemoryOptions:
                 "pipeline_stages": ("INT", {"default": 1, "min": 1, "max": 64, "tooltip":
                     "Split the model across this many GPUs (pipeline parallelism; needs DeepSpeed). "
                     "1 = every GPU holds the whole model and trains on its own batches. More stages "
-                    "fit bigger models; the GPU count must be divisible by it. Families with a "
-                    "pipeline adapter: Wan 2.1/2.2 (text- and image-to-video), Flux.1 (text-to-image, Kontext)."}),
+                    "fit bigger models; the GPU count must be divisible by it. Needs the family's "
+                    "pipeline adapter (Wan, Flux, Qwen-Image, HiDream, ...: the list is on the help page)."}),
             },
             # Saved UI workflows store widget values by position: add new inputs at the end only.
             "optional": {
