@@ -116,9 +116,9 @@ def run(devices: list[int], master_addr: str, master_port: int, module_args: lis
     procs = []
     for sig in _STOP_SIGNALS:
         signal.signal(sig, _interrupted)
+    cmd = rank_command(module_args)
     try:
         for rank in range(len(devices)):
-            cmd = rank_command(module_args)
             procs.append(subprocess.Popen(cmd, env=rank_env(os.environ, devices, rank, master_addr, master_port)))
             _say(f"rank {rank} is process {procs[-1].pid}: {' '.join(cmd)}")
         running = dict(enumerate(procs))

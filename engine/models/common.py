@@ -147,6 +147,13 @@ def stage_input(value, xt) -> torch.Tensor:
     return xt.new_zeros((xt.shape[0], 0)) if value is None else value
 
 
+def integer_input(value, xt) -> torch.Tensor:
+    """stage_input for an integer input (a text mask, segment ids): an empty integer [B, 0] stand-in. DeepSpeed
+    expects a gradient for every float tensor a stage receives and none for integers, which a later stage may
+    leave unused."""
+    return torch.zeros((xt.shape[0], 0), dtype=torch.long, device=xt.device) if value is None else value
+
+
 def or_none(t: torch.Tensor):
     """stage_input's stand-in (any empty tensor) back as None, as ComfyUI's forward takes an absent input."""
     return None if t.numel() == 0 else t

@@ -14,8 +14,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .common import (BlockLayer, EmbedLayer, HeadLayer, apply_model_start, block_list_layers, host_class, keep_in_graph,
-                     or_none, refuse_unhandled, require_text)
+from .common import (BlockLayer, EmbedLayer, HeadLayer, apply_model_start, block_list_layers, host_class,
+                     integer_input, keep_in_graph, or_none, refuse_unhandled, require_text)
 
 _HANDLED = {"c_crossattn", "attention_mask"}
 
@@ -46,12 +46,6 @@ def _attention_mask(segments, dtype):
         return None
     same = (segments.unsqueeze(2) == segments.unsqueeze(1)).unsqueeze(1)
     return torch.zeros_like(same, dtype=dtype).masked_fill_(~same, -torch.finfo(dtype).max)
-
-
-def _integer_input(value, xt) -> torch.Tensor:
-    """An integer stage input, or an empty integer stand-in for an absent one: DeepSpeed expects a gradient
-    for every float tensor a stage receives, and none for integers, which the head may leave unused."""
-    return torch.zeros((xt.shape[0], 0), dtype=torch.long, device=xt.device) if value is None else value
 
 
 class _Embed(EmbedLayer):
@@ -98,7 +92,7 @@ class _Embed(EmbedLayer):
         freqs = precompute_freqs_cis(dm.head_dim, positions.transpose(0, 1), dm.rope_theta, rope_dims=dm.mrope_section,
                                      interleaved_mrope=True, device=xc.device)
         freqs = ideogram._split_half_rope_matrix(freqs)
-        return h, _integer_input(segments, xt), freqs, adaln_input, xt, sigma
+        return h, integer_input(segments, xt), freqs, adaln_input, xt, sigma
 
 
 class _Block(BlockLayer):
@@ -137,7 +131,7 @@ class Ideogram4Adapter:
         kw = prepared.kwargs
         refuse_unhandled(kw, _HANDLED, "Ideogram 4", "text-to-image only", {"c_concat": "concat channels"})
         require_text(kw, "Ideogram 4")
-        return prepared.xt, prepared.sigma, kw["c_crossattn"], _integer_input(kw.get("attention_mask"), prepared.xt)
+        return prepared.xt, prepared.sigma, kw["c_crossattn"], integer_input(kw.get("attention_mask"), prepared.xt)
 
     @staticmethod
     def layers(base_model) -> list[nn.Module]:

@@ -92,7 +92,7 @@ class _Embed(EmbedLayer):
 class _Block(BlockLayer):
     def forward(self, inputs):
         x, tvec, freqs, t_emb, sizes, xt, sigma = inputs
-        text_tokens, _, zero_from = (int(n) for n in sizes)
+        text_tokens, _, zero_from = sizes.tolist()
         options = {**self.options(sigma, "single"), "img_slice": [text_tokens, x.shape[1]]}
         x = self.block(x, tvec, freqs, None, timestep_zero_index=None if zero_from < 0 else zero_from,
                        transformer_options=options)
@@ -107,7 +107,7 @@ class _Head(HeadLayer):
 
         x, tvec, freqs, t_emb, sizes, xt, sigma = inputs
         dm = self._dm[0]
-        text_tokens, image_tokens, _ = (int(n) for n in sizes)
+        text_tokens, image_tokens, _ = sizes.tolist()
         frame = _frames_in_batch(xt)
         p = dm.patch
         rows, columns = -(-frame.shape[-2] // p), -(-frame.shape[-1] // p)

@@ -27,6 +27,7 @@ from .common import (
     HeadLayer,
     additive_mask,
     apply_model_start,
+    integer_input,
     patches,
     refuse_unhandled,
     require_final_layer,
@@ -161,9 +162,8 @@ class QwenImageAdapter:
         code = references.method_code(method, _METHODS, xt.device)
         mask = kw.get("attention_mask")
         require_integer_mask(mask, "Qwen-Image")
-        if mask is None:  # an integer stand-in: DeepSpeed expects no gradient for it where the last block drops it
-            mask = torch.zeros((xt.shape[0], 0), dtype=torch.long, device=xt.device)
-        return (xt, prepared.sigma, kw["c_crossattn"], mask, code, *(kw.get("ref_latents") or ()))
+        # an integer stand-in where absent: DeepSpeed expects no gradient for it where the last block drops it
+        return (xt, prepared.sigma, kw["c_crossattn"], integer_input(mask, xt), code, *(kw.get("ref_latents") or ()))
 
     @staticmethod
     def layers(base_model) -> list[nn.Module]:

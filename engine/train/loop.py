@@ -267,7 +267,7 @@ def train(cfg: RunConfig, device: torch.device, events: EventLog, phases: SetupP
             return
         # Pipelined, every stage holds part of the LoRA: gathering it is a collective on all ranks.
         if pipelined:
-            named = pipeline.gather_lora(engine.module, lora_names)
+            named = pipeline.gather_weights(engine.module, lora_names)
             averaged = pipeline.gather_named(ema.tensors()) if ema else None
         else:
             named = lora_tensors(model.diffusion_model) if rank == 0 else None

@@ -155,16 +155,11 @@ def micro_batches(cfg: RunConfig, engine, adapter, objective: DiffusionObjective
         yield inputs, tuple(x.contiguous() for x in objective.labels(prepared))  # what label_loss takes
 
 
-def gather_lora(module: torch.nn.Module, names: dict[int, str]) -> dict[str, torch.Tensor] | None:
-    """Every stage's LoRA tensors, merged on global rank 0 (None elsewhere)."""
-    return gather_named({names[id(p)]: p.detach().to("cpu").contiguous().clone()
-                         for p in module.parameters() if id(p) in names})
-
-
 def gather_weights(module: torch.nn.Module, names: dict[int, str]) -> dict[str, torch.Tensor] | None:
-    """Every stage's trained tensors by name on global rank 0 as CPU copies (None elsewhere), one tensor at a
-    time from the first rank that holds it: a full fine-tune's stage holds gigabytes, which gather_named would
-    put on every rank at once (and, with NCCL, through the GPU). A collective: every rank calls it."""
+    """Every stage's trained tensors (the LoRA, or a full fine-tune's weights) by name on global rank 0 as CPU
+    copies (None elsewhere), one tensor at a time from the first rank that holds it: a full fine-tune's stage
+    holds gigabytes, which gather_named would put on every rank at once (and, with NCCL, through the GPU).
+    A collective: every rank calls it."""
     mine = {names[id(p)]: p for p in module.parameters() if id(p) in names}
     listing = [None] * tdist.get_world_size()
     tdist.all_gather_object(listing, {n: (tuple(p.shape), str(p.dtype).removeprefix("torch.")) for n, p in mine.items()})
@@ -177,7 +172,7 @@ def gather_weights(module: torch.nn.Module, names: dict[int, str]) -> dict[str, 
                 continue
             sent.add(name)
             if source == 0 and rank == 0:
-                out[name] = mine[name].detach().to("cpu").clone()
+                out[name] = mine[name].detach().to("cpu").contiguous().clone()
             elif rank == source:
                 tdist.send(mine[name].detach().contiguous(), dst=0)
             elif rank == 0:
