@@ -14,10 +14,18 @@ from __future__ import annotations
 def accepted_channels(latent_format, shape) -> tuple[int, ...]:
     """The channel counts a cache may hold for a model with this ComfyUI latent format (an instance), for
     latents of `shape` (channels first, no batch; only the rest of it matters): usually (latent_channels,)."""
+    if is_packed_row(latent_format, shape):  # the streams' own shapes are checked by packed_latent_missing
+        return (1,)
     channels = int(latent_format.latent_channels)
     candidates = [channels] + [channels // k for k in (2, 4) if channels % k == 0]  # packed frames or pixels
     rest = tuple(int(n) for n in shape[1:])
     return tuple(c for c in candidates if _round_trips(latent_format, (c, *rest)))
+
+
+def is_packed_row(latent_format, shape) -> bool:
+    """A cached [1, N] row for a video model: streams packed into one row (Cache Latents' audio_vae), which
+    no video VAE's own latent is."""
+    return len(shape) == 2 and int(shape[0]) == 1 and int(getattr(latent_format, "latent_dimensions", 2)) >= 3
 
 
 _LAYOUTS = {1: "(channels, length)", 2: "(channels, height, width)", 3: "(channels, frames, height, width)"}
@@ -52,16 +60,34 @@ def _round_trips(latent_format, shape: tuple[int, ...]) -> bool:
 
 
 # Models whose sampler latent ComfyUI packs from several streams into one row (comfy.utils.pack_latents, with
-# `latent_shapes` in the conditioning to unpack it): class name -> the streams. CacheLatents caches one
-# VAE's latent per item, not such a row yet (docs/supported-models.md, "MiniMax H3: what is missing").
+# `latent_shapes` in the conditioning to unpack it): class name -> the streams. Cache Latents writes that row
+# for LTX 2.x when its audio_vae is connected (engine/cache/audio_latents.py). MiniMax H3's sampler carries the
+# audio stream scaled by its audio_scale (model_base.MiniMaxH3.process_latent_in, when the sampler has set
+# latent_shapes), which training does not apply yet, so its audio stream trains only empty (the tests' rows).
 PACKED_STREAMS = {"MiniMaxH3": "video + audio", "LTXAV": "video + audio"}
+_HOW = {"LTXAV": "connect Load LTXV Audio VAE to Cache Latents' audio_vae and cache again"}
 
 
 def packed_latent_missing(model_class: str, extras: dict) -> str | None:
     """Why a cached item cannot train a model that takes a packed multi-stream latent (None: it can)."""
     streams = PACKED_STREAMS.get(model_class)
-    if streams is None or "latent_shapes" in extras:
-        return None
-    return (f"{model_class} trains on ComfyUI's packed {streams} latent (one row with `latent_shapes` in its "
-            "conditioning), but the cache holds one VAE's latent per item: PipeTrain's Cache Latents does not "
-            f"write the packed latent yet, so {model_class} cannot be trained from it (docs/supported-models.md).")
+    shapes = extras.get("latent_shapes")
+    if streams is None:
+        if shapes is None:
+            return None
+        return (f"the cache holds packed video + audio rows (Cache Latents' audio_vae was connected), which "
+                f"{model_class} does not take (LTX 2.x does): cache the dataset again without audio_vae.")
+    if shapes is None:
+        how = _HOW.get(model_class)
+        fix = (f"{how} (docs/supported-models.md)." if how else "Cache Latents does not write it for "
+               f"{model_class} yet, so {model_class} cannot be trained from this cache (docs/supported-models.md).")
+        return (f"{model_class} trains on ComfyUI's packed {streams} latent (one row with `latent_shapes` in its "
+                f"conditioning), but the cache holds one VAE's latent per item: {fix}")
+    audio_values = 1
+    for n in list(shapes[-1])[1:]:
+        audio_values *= int(n)
+    if model_class == "MiniMaxH3" and len(shapes) > 1 and audio_values:
+        return ("MiniMax H3 does not train on a cached audio stream yet: its sampler carries the audio scaled by "
+                "its audio_scale, which PipeTrain's training does not apply yet, so MiniMax H3 cannot be trained "
+                "from this cache (docs/supported-models.md).")
+    return None

@@ -12,6 +12,7 @@ import dataclasses
 import logging
 import time
 
+from ..engine.cache.audio_latents import audio_conflict
 from ..engine.cache.encoders import cache_identity, identity_text
 from ..engine.cache.first_frame import DEFAULT_STYLE, STYLES
 from ..engine.cache.format import CacheError, remove_cache
@@ -98,6 +99,12 @@ class PipeTrainCacheLatents:
                            "GPU), as `python -m engine cache` does from a shell; the cache is the same. Above 1, "
                            "vae, clip and clip_vision must come straight from loader nodes (VAELoader, CLIPLoader, "
                            "DualCLIPLoader, CheckpointLoaderSimple, ...): each process loads those files itself."}),
+            "audio_vae": ("VAE", {
+                "tooltip": "For models that make sound with the video (LTX 2.3 / 2.0, ComfyUI 0.33+): connect Load "
+                           "LTXV Audio VAE. Each clip's audio track is encoded with it, as LTXV Audio VAE Encode "
+                           "does, and cached packed with the video latent, as the model samples them. A clip without "
+                           "audio (and an image) is cached as silence; the report lists those, and clips whose "
+                           "audio was resampled or mixed down. Leave unconnected for other models."}),
         }, "hidden": {"prompt": "PROMPT", "unique_id": "UNIQUE_ID"}}
 
     def cache_and_report(self, dataset: DatasetSpec, vae, clip, regenerate: bool, **options):
@@ -111,18 +118,23 @@ class PipeTrainCacheLatents:
     def encode(self, dataset: DatasetSpec, vae, clip, regenerate: bool, first_frame_conditioning: bool = False,
                trust_cache: bool = False, clip_vision=None, clip_vision_crop: str = "center",
                first_frame_style: str = DEFAULT_STYLE, control_style: str = CONTROL_STYLES[0], gpus: int = 1,
-               prompt=None, unique_id=None):
+               audio_vae=None, prompt=None, unique_id=None):
         """Plan, encode and finish the cache of each chained dataset (LoadDataset's add_to), one after another
         with the same encoders; returns (CacheSpec listing every part's cache, the report's lines, its rows by
         reason). gpus above 1: the ranks encode first (nodes/cache_on_ranks.py), then this finds every item cached."""
         parts = dataset.parts
         for number, part in enumerate(parts, start=1):  # every part's conflicts before any is encoded
             conflict = control_style_conflict(control_style, first_frame_conditioning, part.control_folder)
+            if audio_vae is not None:
+                conflict = conflict or audio_conflict(first_frame_conditioning, part.mask_folder)
             if conflict:
                 raise CacheError(conflict if len(parts) == 1 else f"{part_name(part, number)}: {conflict}")
         options = ItemOptions(first_frame_style if first_frame_conditioning else "", clip_vision,
-                              clip_vision_crop != "none", control_style)
+                              clip_vision_crop != "none", control_style, audio_vae)
         identity = cache_identity(vae, clip, options)
+        if audio_vae is not None and gpus > 1:
+            raise CacheError("audio_vae caches on one process for now: set gpus to 1 (or leave audio_vae "
+                             "unconnected).")
         for part in parts:  # the VAE's clip-length rule: before any part is encoded
             check_clip_lengths(part, vae)
         ranks = dict(first_frame_conditioning=first_frame_conditioning, first_frame_style=first_frame_style,
@@ -184,4 +196,5 @@ class PipeTrainCacheLatents:
                 f"{time.monotonic() - start:.1f}s -> {plan.cache_dir}")
         log.info("PipeTrain CacheLatents: %s", line)
         failed = (("encode_failed", result.failed_count, tuple(result.failed)),) if result.failed_count else ()
-        return spec, [line, *notes, *warnings], plan.report + failed
+        sound = tuple((kind, count, tuple(names)) for kind, (count, names) in sorted(result.audio_notes.items()))
+        return spec, [line, *notes, *warnings], plan.report + failed + sound

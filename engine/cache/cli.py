@@ -60,6 +60,22 @@ def load_clip_vision(cfg: CacheConfig):
     return model
 
 
+def load_audio_vae(cfg: CacheConfig):
+    """The audio VAE for cfg.audio_vae as Load LTXV Audio VAE loads it (an LTX 2.x checkpoint's audio_vae.* and
+    vocoder.* keys), or as VAELoader loads a plain audio VAE file; None when it is not set."""
+    if not cfg.audio_vae:
+        return None
+    import comfy.sd
+    import comfy.utils
+
+    sd, metadata = comfy.utils.load_torch_file(cfg.audio_vae, return_metadata=True)
+    ltx = comfy.utils.state_dict_prefix_replace(sd, {"audio_vae.": "autoencoder.", "vocoder.": "vocoder."},
+                                                filter_keys=True)
+    vae = comfy.sd.VAE(sd=ltx or sd, metadata=metadata)
+    vae.throw_exception_if_invalid()
+    return vae
+
+
 def _say(rank: int, message: str) -> None:
     if rank == 0:
         print(f"PipeTrain cache: {message}", flush=True)
@@ -83,7 +99,8 @@ def run_rank(cfg: CacheConfig, worker: bool) -> int:
         dist.init_process_group("gloo", timeout=timedelta(seconds=cfg.timeout_s))
     try:
         vae, clip = load_encoders(cfg)
-        options = ItemOptions(cfg.first_frame, load_clip_vision(cfg), cfg.clip_vision_crop != "none", cfg.control_style)
+        options = ItemOptions(cfg.first_frame, load_clip_vision(cfg), cfg.clip_vision_crop != "none", cfg.control_style,
+                              load_audio_vae(cfg))
         identity = cache_identity(vae, clip, options)
         if cfg.expect_identity and identity_text(identity) != cfg.expect_identity:
             raise CacheError(f"the encoders loaded from the files are not the ones expected (identity "

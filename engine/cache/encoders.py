@@ -141,6 +141,8 @@ def cache_identity(vae: Any, clip: Any, options: Any = None) -> dict[str, Any]:
             identity["first_frame_style"] = options.first_frame
     if options.clip_vision is not None:  # and so does one with each item's CLIP-vision encoding
         identity["clip_vision"] = clip_vision_identity(options.clip_vision, options.clip_vision_crop)
+    if options.audio_vae is not None:  # each item is the packed video + audio latent
+        identity["audio_vae"] = vae_identity(options.audio_vae)
     if options.control_style != CONTROL_STYLES[0]:  # control images stored under another key
         identity["control_style"] = options.control_style
     return identity

@@ -72,6 +72,7 @@ class ItemOptions:
     clip_vision: Any = None  # a ComfyUI CLIP_VISION: each item's first frame encoded with it
     clip_vision_crop: bool = True  # CLIPVisionEncode's crop "center" (True) or "none"
     control_style: str = CONTROL_STYLES[0]
+    audio_vae: Any = None  # a ComfyUI audio VAE: each item's latent packed with its sound's (audio_latents.py)
 
     def extras(self, vae, item: DatasetItem, pixels, latent, control_pixels) -> dict:
         """The item's per-item conditioning extras (not its caption's)."""

@@ -27,6 +27,7 @@ from ..data.images import ImageReadError, describe_error
 from ..data.scan import DatasetItem, DatasetSpec, cache_entries, relative_source
 from ..data.scan_memo import validate_once
 from ..data.video import VideoReadError
+from .audio_latents import av_latent, note_line
 from .caption_store import has_empty_caption, stored_encoding, write_empty_caption
 from .digests import content_digests
 from .format import (
@@ -183,6 +184,8 @@ class ShardResult:
     failed_count: int = 0
     failed: list[str] = field(default_factory=list)
     skipped_keys: list[str] = field(default_factory=list)
+    # what encoding each item's sound needed (engine/cache/audio_latents.py): kind -> [count, first names]
+    audio_notes: dict[str, list] = field(default_factory=dict)
 
     def fail(self, message: str) -> None:
         self.failed_count += 1
@@ -198,7 +201,13 @@ class ShardResult:
             out.failed_count += p.failed_count
             out.failed = (out.failed + p.failed)[:FAILURES_SHOWN]
             out.skipped_keys = sorted(set(out.skipped_keys) | set(p.skipped_keys))
+            for kind, (count, names) in p.audio_notes.items():
+                out.note_audio(kind, names, count)
         return out
+
+    def note_audio(self, kind: str, names: list[str], count: int = 1) -> None:
+        seen = self.audio_notes.setdefault(kind, [0, []])
+        seen[0], seen[1] = seen[0] + count, (seen[1] + names)[:FAILURES_SHOWN]
 
     def failures_text(self) -> str:
         more = self.failed_count - len(self.failed)
@@ -261,7 +270,7 @@ def _encode_loop(plan: CachePlan, vae, clip, rank: int, world: int, options: Ite
             _stored_at(caption_item, keys, index)
         else:
             message = _encode_one(plan, vae, clip, index, item, size, [caption_item.get(k) for k in keys], texts,
-                                  options, write, skipped, writer)
+                                  options, write, skipped, writer, out)
             if message is None:
                 _stored_at(caption_item, keys, index)
                 out.encoded += 1
@@ -301,10 +310,12 @@ def _copy_previous(previous: tuple[dict, ShardReader], plan: CachePlan, index: i
 
 
 def _encode_one(plan: CachePlan, vae, clip, index: int, item: DatasetItem, size, seen: list, texts: list[list[str]],
-                options: ItemOptions, write, skipped: set[str], writer: ShardWriter) -> str | None:
+                options: ItemOptions, write, skipped: set[str], writer: ShardWriter, result: ShardResult) -> str | None:
     """Encode and write one item; returns why it failed to decode, or None when it was written.
     texts: per caption line, the texts to encode (engine/data/caption_variants.py); seen: per text (all lines
-    in order), (item, encoding) already written with that text (its conditioning is reused), or None."""
+    in order), (item, encoding) already written with that text (its conditioning is reused), or None.
+    With options.audio_vae the latent written is the packed video + audio row (engine/cache/audio_latents.py);
+    what its sound needed goes to result.note_audio."""
     dataset = plan.dataset
     try:
         pixels, control = load_pixels(dataset, item, size)
@@ -324,6 +335,15 @@ def _encode_one(plan: CachePlan, vae, clip, index: int, item: DatasetItem, size,
         cond, extras = encodings[0]
         extras = {k: v for k, v in extras.items() if not per_item(k)}  # per item, not per caption
         extras.update(options.extras(vae, item, pixels, latent, control))
+        if options.audio_vae is not None:
+            try:
+                latent, shapes, notes = av_latent(options.audio_vae, dataset, item, pixels, latent)
+            except VideoReadError as e:
+                return str(e)
+            extras.update(shapes)
+            for note in notes:
+                name = safe_text(relative_source(dataset, item.path))
+                result.note_audio(note.kind, [f"{name} ({note.detail})" if note.detail else name])
         more = {"variants": tuple((c, e, t) for (c, e), t in zip(encodings[1:], flat[1:])),
                 "lines": tuple(len(line) for line in texts)} if len(flat) > 1 else {}
     try:
@@ -348,6 +368,8 @@ def finish_cache(plan: CachePlan, result: ShardResult, warn: Callable[[str], Non
     if result.failed_count:
         warn(f"{result.failed_count} image(s) could not be used and are left out of the cache (the reason follows "
              f"each name; the rest trains; fix them and run again to add them): {failures}")
+    for kind, (count, names) in sorted(result.audio_notes.items()):
+        warn(note_line(kind, count, names))
     if result.skipped_keys:
         warn(f"conditioning value(s) {', '.join(result.skipped_keys)} are neither tensors nor JSON and were not "
              "cached; models that need them will not train correctly.")

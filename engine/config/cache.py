@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ..cache.first_frame import DEFAULT_STYLE, check_style
+from ..cache.audio_latents import audio_conflict
 from ..cache.items import CONTROL_STYLES, control_style_conflict
 from ..data.messages import DatasetError
 from ..data.scan import DatasetSpec
@@ -26,7 +27,7 @@ from .run import _check
 
 CACHE_CONFIG_VERSION = 1
 MODEL_FOLDERS = {"vae": ("vae",), "clip": ("text_encoders", "clip"), "checkpoint": ("checkpoints",),
-                 "clip_vision": ("clip_vision",)}
+                 "clip_vision": ("clip_vision",), "audio_vae": ("checkpoints", "vae")}
 CLIP_VISION_CROPS = ("center", "none")  # CLIPVisionEncode's crop choices
 
 
@@ -43,6 +44,8 @@ class CacheConfig:
     control_style: str = CONTROL_STYLES[0]  # CacheLatents' control_style: how control images are stored
     clip_vision: str = ""  # a CLIP-vision file (CLIPVisionLoader): each item's first frame encoded with it; "" = none
     clip_vision_crop: str = "center"  # CacheLatents' clip_vision_crop (CLIPVisionEncode's crop): center or none
+    # an audio VAE file (Load LTXV Audio VAE's, or a plain audio VAE): each item packed with its sound; "" = none
+    audio_vae: str = ""
     regenerate: bool = False
     trust_cache: bool = False
     processes: int = 1  # ranks on this machine: one per GPU (CPU processes where there is no CUDA)
@@ -71,7 +74,8 @@ class CacheConfig:
                "checkpoint that contains one.")
         _check(bool(self.clip or self.checkpoint), "no text encoder: set \"clip\" to the text encoder file(s), or "
                "\"checkpoint\" to a checkpoint that contains one.")
-        for setting, path in [("vae", self.vae), ("checkpoint", self.checkpoint), ("clip_vision", self.clip_vision)] + \
+        for setting, path in [("vae", self.vae), ("checkpoint", self.checkpoint), ("clip_vision", self.clip_vision),
+                              ("audio_vae", self.audio_vae)] + \
                 [("clip", p) for p in self.clip]:
             _check(not path or os.path.isfile(path), f"{setting}: the file {path} does not exist; give a path or a file "
                    f"name from ComfyUI's models/{MODEL_FOLDERS[setting][0]} folder.")
@@ -83,6 +87,10 @@ class CacheConfig:
                f"{' or '.join(repr(c) for c in CONTROL_STYLES)} (docs/datasets.md, control images).")
         problem = control_style_conflict(self.control_style, self.first_frame_conditioning, self.dataset.control_folder)
         _check(problem is None, problem or "")
+        if self.audio_vae:
+            for part in self.dataset.parts:
+                problem = audio_conflict(self.first_frame_conditioning, part.mask_folder)
+                _check(problem is None, problem or "")
         _check(self.clip_vision_crop in CLIP_VISION_CROPS, f"clip_vision_crop {self.clip_vision_crop!r}: use "
                "\"center\" or \"none\" (CLIPVisionEncode's crop; what your sampling workflow uses).")
         _check(self.clip_vision_crop == "center" or bool(self.clip_vision), "clip_vision_crop is set but "
@@ -141,7 +149,7 @@ class CacheConfig:
         root = _absolute(kwargs["comfyui_root"], base_dir)
         models = os.path.join(root, "models")
         kwargs["comfyui_root"] = root
-        for name in ("vae", "checkpoint", "clip_vision"):
+        for name in ("vae", "checkpoint", "clip_vision", "audio_vae"):
             if kwargs.get(name):
                 kwargs[name] = model_file(kwargs[name], base_dir, models, MODEL_FOLDERS[name])
         kwargs["clip"] = tuple(model_file(p, base_dir, models, MODEL_FOLDERS["clip"]) for p in kwargs.get("clip", ()))
