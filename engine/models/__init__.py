@@ -28,6 +28,7 @@ from .hidream import HiDreamAdapter
 from .hunyuan_video import HunyuanVideoAdapter
 from .ideogram4 import Ideogram4Adapter
 from .krea2 import Krea2Adapter
+from .ltxav import LTXAVAdapter
 from .ltxv import LTXVAdapter
 from .lumina import LuminaAdapter
 from .minimax_h3 import MiniMaxH3Adapter
@@ -57,6 +58,7 @@ ADAPTERS = {
     Ideogram4Adapter.name: Ideogram4Adapter,  # ComfyUI 0.33+
     Krea2Adapter.name: Krea2Adapter,  # ComfyUI 0.33+
     MiniMaxH3Adapter.name: MiniMaxH3Adapter,  # ComfyUI 0.33+
+    LTXAVAdapter.name: LTXAVAdapter,  # ComfyUI 0.33+
 }
 
 
