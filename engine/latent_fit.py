@@ -61,11 +61,9 @@ def _round_trips(latent_format, shape: tuple[int, ...]) -> bool:
 
 # Models whose sampler latent ComfyUI packs from several streams into one row (comfy.utils.pack_latents, with
 # `latent_shapes` in the conditioning to unpack it): class name -> the streams. Cache Latents writes that row
-# for LTX 2.x when its audio_vae is connected (engine/cache/audio_latents.py). MiniMax H3's sampler carries the
-# audio stream scaled by its audio_scale (model_base.MiniMaxH3.process_latent_in, when the sampler has set
-# latent_shapes), which training does not apply yet, so its audio stream trains only empty (the tests' rows).
+# when its audio_vae is connected (engine/cache/audio_latents.py).
 PACKED_STREAMS = {"MiniMaxH3": "video + audio", "LTXAV": "video + audio"}
-_HOW = {"LTXAV": "connect Load LTXV Audio VAE to Cache Latents' audio_vae and cache again"}
+_HOW = {"LTXAV": "Load LTXV Audio VAE", "MiniMaxH3": "the MiniMax H3 audio VAE (Load VAE)"}
 
 
 def packed_latent_missing(model_class: str, extras: dict) -> str | None:
@@ -76,18 +74,9 @@ def packed_latent_missing(model_class: str, extras: dict) -> str | None:
         if shapes is None:
             return None
         return (f"the cache holds packed video + audio rows (Cache Latents' audio_vae was connected), which "
-                f"{model_class} does not take (LTX 2.x does): cache the dataset again without audio_vae.")
+                f"{model_class} does not take (LTX 2.x and MiniMax H3 do): cache the dataset again without audio_vae.")
     if shapes is None:
-        how = _HOW.get(model_class)
-        fix = (f"{how} (docs/supported-models.md)." if how else "Cache Latents does not write it for "
-               f"{model_class} yet, so {model_class} cannot be trained from this cache (docs/supported-models.md).")
         return (f"{model_class} trains on ComfyUI's packed {streams} latent (one row with `latent_shapes` in its "
-                f"conditioning), but the cache holds one VAE's latent per item: {fix}")
-    audio_values = 1
-    for n in list(shapes[-1])[1:]:
-        audio_values *= int(n)
-    if model_class == "MiniMaxH3" and len(shapes) > 1 and audio_values:
-        return ("MiniMax H3 does not train on a cached audio stream yet: its sampler carries the audio scaled by "
-                "its audio_scale, which PipeTrain's training does not apply yet, so MiniMax H3 cannot be trained "
-                "from this cache (docs/supported-models.md).")
+                f"conditioning), but the cache holds one VAE's latent per item: connect {_HOW[model_class]} to "
+                "Cache Latents' audio_vae and cache again (docs/supported-models.md).")
     return None

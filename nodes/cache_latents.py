@@ -100,8 +100,9 @@ class PipeTrainCacheLatents:
                            "vae, clip and clip_vision must come straight from loader nodes (VAELoader, CLIPLoader, "
                            "DualCLIPLoader, CheckpointLoaderSimple, ...): each process loads those files itself."}),
             "audio_vae": ("VAE", {
-                "tooltip": "For models that make sound with the video (LTX 2.3 / 2.0, ComfyUI 0.33+): connect Load "
-                           "LTXV Audio VAE. Each clip's audio track is encoded with it, as LTXV Audio VAE Encode "
+                "tooltip": "For models that make sound with the video (LTX 2.3 / 2.0, MiniMax H3; ComfyUI 0.33+): "
+                           "connect Load LTXV Audio VAE (LTX) or Load VAE with the H3 audio VAE. Each clip's audio "
+                           "track is encoded with it, as LTXV Audio VAE Encode "
                            "does, and cached packed with the video latent, as the model samples them. A clip without "
                            "audio (and an image) is cached as silence; the report lists those, and clips whose "
                            "audio was resampled or mixed down. Leave unconnected for other models."}),

@@ -112,12 +112,13 @@ def _minimax_h3(config):
     return model
 
 
-def _packed_av(video):
+def _packed_av(video, audio_frames: int = 0):
     """A MiniMax H3 latent as ComfyUI's sampler gives it to the model (comfy.utils.pack_latents of the
-    video + audio NestedTensor): video [24, T, H, W] and an audio stream of no frames, flattened into one
-    row [1, N], with the two shapes under `latent_shapes` (BaseModel._apply_model unpacks by them)."""
-    shapes = [torch.Size((1, *video)), torch.Size((1, 32, 2, 0))]
-    return (1, int(torch.Size(video).numel())), shapes
+    video + audio NestedTensor): video [24, T, H, W] and an audio stream [32, 2, frames] (default none),
+    flattened into one row [1, N], with the two shapes under `latent_shapes` (BaseModel._apply_model unpacks
+    by them; the objective sets them on the model too, so the audio is carried at audio_scale as in sampling)."""
+    shapes = [torch.Size((1, *video)), torch.Size((1, 32, 2, audio_frames))]
+    return (1, sum(int(s[1:].numel()) for s in shapes)), shapes
 
 
 def _minimax_extras(shapes):
@@ -129,6 +130,7 @@ def _minimax_extras(shapes):
 
 _H3_IMAGE, _H3_IMAGE_SHAPES = _packed_av((24, 1, 4, 4))
 _H3_VIDEO, _H3_VIDEO_SHAPES = _packed_av((24, 2, 4, 4))
+_H3_AV, _H3_AV_SHAPES = _packed_av((24, 2, 4, 4), audio_frames=3)  # what Cache Latents' audio_vae writes
 
 
 def _klein_extras(g):
@@ -163,6 +165,9 @@ FAMILIES = [
            make=_minimax_h3),
     Family("minimax_h3_t2v", "MiniMaxH3", _MINIMAX_H3, _H3_VIDEO, _MINIMAX_H3_TEXT, "t2v",
            _minimax_extras(_H3_VIDEO_SHAPES), group="MiniMax H3", unbatched=("minimax_token_tags",),
+           make=_minimax_h3),
+    Family("minimax_h3_t2v_audio", "MiniMaxH3", _MINIMAX_H3, _H3_AV, _MINIMAX_H3_TEXT, "t2v",
+           _minimax_extras(_H3_AV_SHAPES), group="MiniMax H3", unbatched=("minimax_token_tags",),
            make=_minimax_h3),
 ]
 # Families whose config is what 0.33.0's detection reads from their tiny state dict (test_families_033.py).

@@ -45,6 +45,7 @@ MODE_KWARGS = {
     # the packed video + audio latent's shapes (BaseModel._apply_model unpacks by them) and H3's own dict
     "minimax_h3_t2i": {"latent_shapes", "minimax_payload"},
     "minimax_h3_t2v": {"latent_shapes", "minimax_payload"},
+    "minimax_h3_t2v_audio": {"latent_shapes", "minimax_payload"},
     # more ComfyUI 0.33 classes (tests/family_configs_033_more.py)
     "chroma_radiance": {"guidance"},
     "kandinsky5": {"y", "c_concat"},  # the pooled CLIP output; the video model's zero image + mask channels

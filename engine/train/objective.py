@@ -36,6 +36,7 @@ from torch import nn
 from ..config.checks import ConfigError
 from ..config.objective import ObjectiveSpec
 from . import timesteps
+from .carried_streams import carried_scale
 from .losses import native_loss, snr_weights
 from .objective_checks import patch_size, snr_prediction, takes_guidance
 from .timesteps import draw_time
@@ -134,7 +135,7 @@ class DiffusionObjective(nn.Module):
 
     def prepare(self, latents: torch.Tensor, conds: list[dict[str, Any]], sample_ids: list[int]) -> "Prepared":
         """Everything apply_model and the loss need, drawn reproducibly from the sample ids."""
-        x0 = self.base.process_latent_in(latents.float())
+        x0 = self.latent_in(latents, conds)
         mu = self.mu(x0)
         lo, hi = self.noise_range(mu)
         noise, sigmas = [], []
@@ -174,7 +175,17 @@ class DiffusionObjective(nn.Module):
                    sigmas: list[float]) -> "Prepared":
         """prepare() with the noise (at noise_shape) and sigmas given (the eval set's fixed ones,
         engine/train/eval_set.py)."""
-        return self._prepare_x0(self.base.process_latent_in(latents.float()), conds, noise, sigmas)
+        return self._prepare_x0(self.latent_in(latents, conds), conds, noise, sigmas)
+
+    def latent_in(self, latents: torch.Tensor, conds: list[dict[str, Any]]) -> torch.Tensor:
+        """process_latent_in of a batch, with the model's `latent_shapes` set from the batch's cached ones first,
+        as comfy.samplers does before sampling a packed latent (None for any other): MiniMax H3 carries its audio
+        stream scaled by audio_scale only then, in process_latent_in and in the model (extra_conds)."""
+        if hasattr(self.base, "latent_shapes"):  # ComfyUI 0.33+
+            shapes = (conds[0].get("extras") or {}).get("latent_shapes") if conds else None
+            self.base.latent_shapes = None if not shapes else [
+                torch.Size((latents.shape[0], *(int(n) for n in shape[1:]))) for shape in shapes]
+        return self.base.process_latent_in(latents.float())
 
     def _prepare_x0(self, x0: torch.Tensor, conds: list[dict[str, Any]], noise: torch.Tensor,
                     sigmas: list[float]) -> "Prepared":
@@ -187,7 +198,8 @@ class DiffusionObjective(nn.Module):
         noise = noise.to(device)
         sigma = torch.tensor(sigmas, dtype=torch.float32, device=device)
         xt = ms.noise_scaling(sigma, noise, x0)
-        scale = ms.calculate_denoised(sigma, torch.ones_like(x0), torch.zeros_like(x0))
+        # each stream's own-schedule error where the sampler carries one scaled (MiniMax H3's audio)
+        scale = carried_scale(model, sigma, ms.calculate_denoised(sigma, torch.ones_like(x0), torch.zeros_like(x0)))
         mask = denoise_mask(conds, x0)
         if mask is not None:  # e.g. image-to-video by a given first frame: what ComfyUI's sampler feeds
             # the kept region (clean for LTXV / Wan 2.2 / Cosmos, noised like the rest for inpainting)

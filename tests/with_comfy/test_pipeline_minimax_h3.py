@@ -1,7 +1,8 @@
 """Pipeline parallelism (MiniMax H3 adapter, ComfyUI 0.33+): the stage layers, run one after another, equal
 ComfyUI's apply_model bit for bit and give the same LoRA gradients, also checkpointed, for text to image and
-to video, with an audio stream of no frames (what the cache gives today) and with audio frames, and with text
-token tags of several runs; other inputs are refused.
+to video, with an audio stream of no frames and with audio frames (which the model carries at the sampler's
+audio_scale, as the objective sets model.latent_shapes like the sampler), and with text token tags of several
+runs; other inputs are refused.
 
 Built from ComfyUI's own classes with the tiny config of tests/family_configs_033.py, made trainable as the
 engine does (its blocks' in-place modulation replaced, engine/patches/minimax.py). No 2-process run: CacheLatents
@@ -91,14 +92,20 @@ def test_stage_layers_give_comfyui_lora_gradients(checkpointing, audio_frames):
                                       ["blocks.0.", "blocks.1."], checkpointing=checkpointing)
 
 
+def test_an_audio_stream_is_carried_at_the_samplers_audio_scale():
+    """With audio frames the objective sets model.latent_shapes (as comfy.samplers does), so extra_conds hands the
+    model the audio_scale its sampling uses (shift 12 / audio shift 3): the case above runs the carry."""
+    model = _model()
+    assert _prepare(model, audio_frames=3).kwargs["minimax_payload"]["audio_scale"] == pytest.approx(4.0)
+    assert _prepare(model).kwargs["minimax_payload"]["audio_scale"] == pytest.approx(4.0)  # no frames: no effect
+
+
 def test_unsupported_minimax_inputs_are_refused():
-    """Keyframes, an audio scale other than 1, a denoise mask and a missing text get a ConfigError with the fix."""
+    """Keyframes, a denoise mask and a missing text get a ConfigError with the fix."""
     model = _model()
     prepared = _prepare(model)
     payload = dict(prepared.kwargs["minimax_payload"], keyframes=[{}])
     assert_refused(model, prepared, "MiniMax H3.*keyframes.*pipeline_stages to 1", minimax_payload=payload)
-    payload = dict(_prepare(model).kwargs["minimax_payload"], audio_scale=2.0)
-    assert_refused(model, _prepare(model), "audio scale other than 1", minimax_payload=payload)
     assert_refused(model, _prepare(model), "a denoise mask.*pipeline_stages to 1", denoise_mask=torch.ones(1))
     assert_refused(model, _prepare(model), "cross_attn", c_crossattn=None)
 

@@ -1,0 +1,78 @@
+"""MiniMax H3 with an audio stream (ComfyUI 0.33+): what the network sees and what the loss measures.
+
+The objective sets model.latent_shapes as ComfyUI's sampler does, so the sampler's carried audio (scaled by
+audio_scale) reaches the model, which takes it back to the stream's own scale (engine/train/carried_streams.py).
+Checked against the network's own input and output (MiniMaxH3Model._forward, spied on):
+- the network's audio input is the cached audio noised on the audio's own schedule, sigma_a =
+  time_shift_sigma(sigma, 12, 3) (what diffusion-pipe trains H3 on);
+- the loss is each stream's own-schedule velocity error, every element weighted alike, computed here from
+  the network's outputs;
+- a run with audio frames trains (tests/family_configs_033.py `minimax_h3_t2v_audio` runs the family checks).
+"""
+from __future__ import annotations
+
+import family_configs_033 as f33
+import pytest
+import torch
+from trainable import host_module
+
+pytestmark = pytest.mark.core
+_AV = next(f for f in f33.FAMILIES if f.name == "minimax_h3_t2v_audio")
+
+
+@pytest.fixture(autouse=True)
+def _host_has_minimax_h3(comfy):
+    host_module("comfy.ldm.minimax.model")
+
+
+def _spied_model():
+    import family_configs as fc
+
+    model = f33._minimax_h3(dict(_AV.config))
+    fc.init_weights(model.diffusion_model, seed=0)
+    seen, forward = {}, model.diffusion_model._forward
+
+    def spy(x, timestep, *args, **kwargs):
+        out = forward(x, timestep, *args, **kwargs)
+        seen.update(video_in=x[0].detach(), audio_in=x[1].detach(), video_out=out[0].detach(),
+                    audio_out=out[1].detach())
+        return out
+    model.diffusion_model._forward = spy
+    return model, seen
+
+
+@pytest.mark.parametrize("sample_id", [0, 1, 2])
+def test_the_network_sees_the_audio_on_its_own_schedule_and_the_loss_is_each_streams_own(sample_id):
+    import family_configs as fc
+    from comfy.ldm.minimax.model import time_shift_sigma
+
+    from PipeTrain.engine.train.objective import DiffusionObjective
+
+    model, seen = _spied_model()
+    latents, conds = fc.batch(_AV)
+    objective = DiffusionObjective(model, seed=3)
+    batch = objective.prepare(latents, conds, [sample_id])
+    with torch.no_grad():
+        loss = objective(latents, conds, [sample_id])
+    video_shape, audio_shape = (torch.Size((1, *s[1:])) for s in conds[0]["extras"]["latent_shapes"])
+    n = video_shape.numel()
+    sigma = float(batch.sigma[0])
+    sigma_a = float(time_shift_sigma(torch.tensor(sigma), 12.0, 3.0))
+    s = model.audio_scale()
+    assert s == pytest.approx(4.0) and 0.0 < sigma_a < sigma
+    x0 = batch.x0[..., n:].reshape(audio_shape) / s  # the stream's own latent (the sampler carries s times it)
+    noise = (batch.xt[..., n:].reshape(audio_shape) - (1 - sigma) * batch.x0[..., n:].reshape(audio_shape)) / sigma
+    torch.testing.assert_close(seen["audio_in"], (1 - sigma_a) * x0 + sigma_a * noise, atol=2e-6, rtol=1e-5)
+
+    # each stream's flow velocity error on its own schedule (denoised = x - sigma * output), elements alike
+    video_x0 = batch.x0[..., :n].reshape(video_shape)
+    video_err = (seen["video_in"] - sigma * seen["video_out"] - video_x0) / sigma
+    audio_err = (seen["audio_in"] - sigma_a * seen["audio_out"] - x0) / sigma_a
+    want = torch.cat([video_err.flatten(), audio_err.flatten()]).pow(2).mean()
+    torch.testing.assert_close(loss, want, atol=1e-6, rtol=1e-4)
+
+
+def test_a_run_with_audio_frames_trains_and_its_lora_loads(tmp_path):
+    from family_harness import check, run_family
+
+    check(_AV, run_family(_AV, tmp_path))
