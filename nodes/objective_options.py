@@ -10,8 +10,8 @@ from .types import OBJECTIVE
 class PipeTrainObjectiveOptions:
     CATEGORY = "PipeTrain"
     DESCRIPTION = ("Objective settings: the guidance a guidance-distilled model trains at, Flux's "
-                   "resolution-dependent shift, the logit-normal scale, the loss (mse, huber, smooth_l1) and "
-                   "min-SNR / debiased weighting for SD1.5/SDXL. Connect it to Train Pipeline's objective input.")
+                   "resolution-dependent shift, the logit-normal scale, the loss (mse, huber, smooth_l1), "
+                   "min-SNR / debiased weighting for SD1.5/SDXL and CFG-augmented training. Connect it to Train Pipeline's objective input.")
     RETURN_TYPES = (OBJECTIVE,)
     RETURN_NAMES = ("objective",)
     FUNCTION = "configure"
@@ -56,13 +56,22 @@ class PipeTrainObjectiveOptions:
                     "1 / sqrt(SNR) (v-prediction: sqrt(SNR) / (SNR + 1), the same weighting in v's space). "
                     "Combines with min_snr_gamma by multiplying. Refused for flow models."}),
             },
+            "optional": {  # new inputs go last: saved workflows store widget values by position
+                "cfg_augment": ("FLOAT", {"default": 1.0, "min": 1.0, "max": 30.0, "step": 0.5, "tooltip":
+                    "CFG-augmented training (diffusion-pipe's MiniMax H3 `cfg`): each sample also runs, without "
+                    "gradient, on the empty caption, and the output trains as if guidance at this scale were "
+                    "applied, so a model sampled with CFG keeps its guidance. Use the scale you sample at (4 for "
+                    "MiniMax H3). 1 = off. Costs one more forward per sample; needs LoadDataset's "
+                    "caption_dropout above 0 (the cache then holds the empty caption) and pipeline_stages 1."}),
+            },
         }
 
     def configure(self, guidance, resolution_shift, base_shift, max_shift, sigmoid_scale, loss, huber_delta,
-                  min_snr_gamma, debiased_estimation):
+                  min_snr_gamma, debiased_estimation, cfg_augment=1.0):
         spec = ObjectiveSpec(guidance=float(guidance), resolution_shift=bool(resolution_shift),
                              base_shift=float(base_shift), max_shift=float(max_shift),
                              sigmoid_scale=float(sigmoid_scale), loss=loss, huber_delta=float(huber_delta),
-                             min_snr_gamma=float(min_snr_gamma), debiased_estimation=bool(debiased_estimation))
+                             min_snr_gamma=float(min_snr_gamma), debiased_estimation=bool(debiased_estimation),
+                             cfg_augment=float(cfg_augment))
         spec.validate()
         return (spec,)

@@ -13,6 +13,7 @@ import subprocess
 import time
 from pathlib import Path
 
+from ..engine.cache.caption_store import uncond_missing
 from ..engine.config.checks import ConfigError
 from ..engine.config.choices import SCHEDULERS
 from ..engine.config.eval import EvalSpec
@@ -193,6 +194,9 @@ class PipeTrainTrainPipeline:
         for part in cache.parts:  # chained datasets: every cache (LoadDataset's add_to)
             check_cache_opens(part.cache_dir)
             check_batch(batch_size, part)
+        missing = uncond_missing(cfg.objective.cfg_augment, [part.cache_dir for part in cache.parts])
+        if missing:
+            raise ConfigError(missing)
         check_batch_sizes(cache, batch_size, memory.pipeline_stages)
         found = check_model(model_name, model_path, lora, {**part_inputs(cache), "eval_cache": eval_cache},
                             train.timestep_shift, cfg.objective)

@@ -60,6 +60,20 @@ def has_empty_caption(cache_dir: str | os.PathLike) -> bool:
     return (Path(cache_dir) / EMPTY_CAPTION).is_file()
 
 
+def uncond_missing(cfg_augment: float, cache_dirs: list[str]) -> str | None:
+    """Why these caches cannot train with objective.cfg_augment (one without the empty caption), or None."""
+    if cfg_augment <= 1.0:
+        return None
+    lacking = [d for d in cache_dirs if not has_empty_caption(d)]
+    if not lacking:
+        return None
+    return (f"objective.cfg_augment {cfg_augment:g} trains every sample against its prediction for the empty "
+            f"caption, but the cache {lacking[0]} holds no encoding of the empty caption. Cache Latents stores it "
+            "when LoadDataset's caption_dropout is above 0: set caption_dropout (0.05 trains 1 sample in 20 without "
+            "its caption, as many CFG models were trained) and run Cache Latents again (it encodes only the empty "
+            "caption), or set cfg_augment to 1.")
+
+
 def write_empty_caption(cache_dir: str | os.PathLike, clip) -> None:
     """Encode the empty caption with the cache's text encoder and store it (atomically)."""
     with torch.inference_mode():

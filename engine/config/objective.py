@@ -32,6 +32,8 @@ class ObjectiveSpec:
     huber_delta: float = 1.0  # huber / smooth_l1: where the loss turns from squared to linear
     min_snr_gamma: float = 0.0  # eps/v models: weight min(SNR, gamma) (Hang et al. 2023); 0 = off
     debiased_estimation: bool = False  # eps/v models: weight 1/sqrt(SNR) of the noise error (Yu et al. 2024)
+    # CFG-augmented training (engine/train/cfg_augment.py): the output trained as guided at this scale; 1 = off
+    cfg_augment: float = 1.0
 
     @property
     def snr_weighting(self) -> bool:
@@ -53,5 +55,7 @@ class ObjectiveSpec:
         check(self.loss != "mse" or self.huber_delta == 1.0,
               f"objective.huber_delta is {self.huber_delta} but loss is 'mse', which has no delta: choose loss "
               "'huber' or 'smooth_l1', or set huber_delta back to 1.0.")
+        check(1.0 <= self.cfg_augment <= 30.0, f"objective.cfg_augment is {self.cfg_augment}: use 1 (off) or the "
+              "guidance scale the model samples at, such as 4 (at most 30).")
         check(0.0 <= self.min_snr_gamma <= 1000.0, f"objective.min_snr_gamma is {self.min_snr_gamma}: use 0 (off) "
               "or a positive gamma such as 5.")

@@ -43,6 +43,14 @@ def check_objective_settings(objective: "ObjectiveSpec", train: "TrainSpec") -> 
           "off to train at that one shift.")
 
 
+def check_cfg_augment(objective: "ObjectiveSpec", memory: "MemorySpec") -> None:
+    """The unconditional pass runs beside the conditional one in one process."""
+    check(objective.cfg_augment == 1.0 or memory.pipeline_stages == 1,
+          f"objective.cfg_augment is {objective.cfg_augment:g} but memory.pipeline_stages is "
+          f"{memory.pipeline_stages}: CFG-augmented training runs with one pipeline stage (use block_swap or "
+          "activation checkpointing to fit), or set cfg_augment to 1.")
+
+
 def check_pipeline_backend(memory: "MemorySpec", launch: "LaunchSpec") -> None:
     """Pipeline stages are DeepSpeed's PipelineEngine: the plain backend has one stage."""
     check(launch.backend == "deepspeed" or memory.pipeline_stages == 1,

@@ -31,6 +31,7 @@ from .monitor import MonitorSpec
 from .objective import ObjectiveSpec
 from .revisions import keep_run_settings
 from .rules import (
+    check_cfg_augment,
     check_full_finetune,
     check_gguf_base,
     check_objective_settings,
@@ -78,6 +79,7 @@ class RunConfig:
             part.validate()
         check_optimizer_settings(self.memory, self.train)
         check_objective_settings(self.objective, self.train)
+        check_cfg_augment(self.objective, self.memory)
         check_pipeline_backend(self.memory, self.launch)
         check_full_finetune(self.lora, self.memory, self.train)
         check_gguf_base(self.model_path, self.lora, self.memory, len(self.base_loras))

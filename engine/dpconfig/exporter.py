@@ -153,7 +153,8 @@ class _MainToml:
                                              ("flux_shift", o.resolution_shift, "objective.resolution_shift", False),
                                              ("min_snr_gamma", o.min_snr_gamma, "objective.min_snr_gamma", 0.0),
                                              ("debiased_estimation_loss", o.debiased_estimation,
-                                              "objective.debiased_estimation", False)):
+                                              "objective.debiased_estimation", False),
+                                             ("cfg", o.cfg_augment, "objective.cfg_augment", 1.0)):
             if value != default:
                 self.put("model", key, value, setting)
 

@@ -66,7 +66,7 @@ TOP_NOT_MAPPED = {
 }
 MODEL_NOT_MAPPED = ("cache_text_embeddings", "llm_adapter_path", "max_sequence_length", "v_pred",
                     "first_frame_conditioning_p", "bypass_guidance_embedding", "multiscale_loss_weight",
-                    "lumina_shift", "image_shift", "merge_adapters", "cfg")
+                    "lumina_shift", "image_shift", "merge_adapters")
 MONITORING_NOTE = "PipeTrain writes TensorBoard logs in the run folder, not Weights & Biases"
 
 
@@ -249,6 +249,8 @@ class MainKeys:
             self.put(key, {"shift": "train.timestep_shift"}.get(name, f"train.{name}"), w.number(key, value))
         elif name == "flux_shift":
             self.put(key, "objective.resolution_shift", w.flag(key, value))
+        elif name == "cfg":  # MiniMax H3's CFG-augmented training
+            self.put(key, "objective.cfg_augment", w.number(key, value))
         elif name == "debiased_estimation_loss":
             self.put(key, "objective.debiased_estimation", w.flag(key, value))
         elif name in MODEL_NOT_MAPPED:

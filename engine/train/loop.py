@@ -76,6 +76,7 @@ def train(cfg: RunConfig, device: torch.device, events: EventLog, phases: SetupP
     from ..models.loading import ModelLoadError, load_base_model
     from ..patches.probe_batch import probe_forward
     from ..patches.trainable import make_trainable
+    from ..cache.caption_store import uncond_missing
     from .ema import start_ema
     from .fit_setup import whole_model_load
     from .grad_norm import last_grad_norm
@@ -109,6 +110,9 @@ def train(cfg: RunConfig, device: torch.device, events: EventLog, phases: SetupP
                           batch=t.batch_size, batches=dataset.batches())  # batches never mix aspect buckets or
     # caption lengths; LoadDataset's batch_sizes give a resolution's batches their own size
     check_varied_batches(stream.varied, cfg.memory.pipeline_stages)
+    missing = uncond_missing(cfg.objective.cfg_augment, [cfg.cache_dir, *cfg.more_cache_dirs])
+    if missing:
+        raise ModelLoadError(missing)
     total_steps = t.steps if t.steps > 0 else stream.steps_for_epochs(t.epochs, t.batch_size, t.grad_accum, replicas)
 
     # ---- model + LoRA -----------------------------------------------------------------
@@ -319,7 +323,7 @@ def train(cfg: RunConfig, device: torch.device, events: EventLog, phases: SetupP
         else:
             for micro in range(t.grad_accum):
                 positions = stream.micro_positions(step, micro, rank, world, t.grad_accum)
-                latents, conds, ids = collate(dataset, stream, positions, device)
+                latents, conds, ids = collate(dataset, stream, positions, device, cfg.objective.cfg_augment > 1.0)
                 # LoRA dropout draws from the global RNG: seed it from the position, like the noise.
                 torch.manual_seed(t.seed * 1_000_003 + positions[0])
                 micro_loss = engine(latents, conds, ids)

@@ -37,6 +37,7 @@ from ..config.checks import ConfigError
 from ..config.objective import ObjectiveSpec
 from . import timesteps
 from .carried_streams import carried_scale
+from .cfg_augment import mixed as cfg_mixed
 from .losses import native_loss, snr_weights
 from .objective_checks import patch_size, snr_prediction, takes_guidance
 from .timesteps import draw_time
@@ -116,6 +117,12 @@ class DiffusionObjective(nn.Module):
         batch = self.prepare(latents, conds, sample_ids)
         denoised = self.base.apply_model(batch.xt, batch.sigma, transformer_options=transformer_options(batch.sigma),
                                          **batch.kwargs)
+        if batch.uncond_kwargs is not None:  # CFG-augmented training (engine/train/cfg_augment.py)
+            with torch.no_grad():
+                uncond = self.base.apply_model(batch.xt, batch.sigma,
+                                               transformer_options=transformer_options(batch.sigma),
+                                               **batch.uncond_kwargs)
+            denoised = cfg_mixed(denoised, uncond, self.spec.cfg_augment)
         return self.loss(denoised, batch)
 
     def loss(self, denoised: torch.Tensor, batch: "Prepared") -> torch.Tensor:
@@ -214,8 +221,11 @@ class DiffusionObjective(nn.Module):
             sample_weight = snr_weights(sigma, float(getattr(ms, "sigma_data", 1.0)),
                                         snr_prediction(ms) == "v", self.spec.min_snr_gamma,
                                         self.spec.debiased_estimation)
+        uncond = None  # the batch on the empty caption, for CFG-augmented training (collate(uncond=True) gives it)
+        if self.spec.cfg_augment > 1.0 and all("uncond" in c for c in conds):
+            uncond = model_kwargs(model, self._guided([c["uncond"] for c in conds]), x0, noise, mask)
         return Prepared(xt=xt, sigma=sigma, kwargs=model_kwargs(model, self._guided(conds), x0, noise, mask), x0=x0,
-                        scale=scale, weight=weight, sample_weight=sample_weight)
+                        scale=scale, weight=weight, sample_weight=sample_weight, uncond_kwargs=uncond)
 
     def _guided(self, conds: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """conds with objective.guidance as every item's guidance, for models that take one (guidance 0: as
@@ -263,6 +273,7 @@ class Prepared:
     scale: torch.Tensor  # d(denoised)/d(network output): maps denoised error to native-target error
     weight: torch.Tensor | None = None  # loss weight per latent cell (denoise_mask x loss_mask), None = all 1
     sample_weight: torch.Tensor | None = None  # loss weight per sample [B] (min-SNR / debiased), None = all 1
+    uncond_kwargs: dict[str, Any] | None = None  # apply_model kwargs on the empty caption (cfg_augment), else None
 
 
 def denoise_mask(conds: list[dict[str, Any]], x0: torch.Tensor) -> torch.Tensor | None:

@@ -116,10 +116,18 @@ def steps_for_epochs(epochs: float, samples_per_epoch: int, samples_per_step: in
     return max(1, math.ceil(epochs * samples_per_epoch / samples_per_step))
 
 
-def collate(dataset, stream: SampleStream, positions: list[int], device: torch.device) -> tuple[torch.Tensor, list[dict[str, Any]], list[int]]:
+def collate(dataset, stream: SampleStream, positions: list[int], device: torch.device,
+            uncond: bool = False) -> tuple[torch.Tensor, list[dict[str, Any]], list[int]]:
     """Load the samples at these stream positions, each with the caption it trains with (caption_picks):
-    (latents [B,...], conds, sample ids)."""
-    latents, conds = batch_items(pick_items(dataset, stream, positions), device)
+    (latents [B,...], conds, sample ids). uncond: each cond also holds the item on the empty caption under
+    "uncond" (CFG-augmented training, engine/train/cfg_augment.py)."""
+    items = pick_items(dataset, stream, positions)
+    latents, conds = batch_items(items, device)
+    if uncond:
+        ids = [stream.item_at(p) for p in positions]
+        _, blanks = batch_items([dataset.without_caption(i, item) for i, item in zip(ids, items)], device)
+        for cond, blank in zip(conds, blanks):
+            cond["uncond"] = blank
     return latents, conds, positions
 
 

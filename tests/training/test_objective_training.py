@@ -59,3 +59,44 @@ def test_a_setting_the_model_cannot_use_stops_the_run_with_the_fix(tmp_path, com
     message = " ".join(e.get("message", "") for e in refused.of("error"))
     assert "Flux-style schedule" in message and "turn resolution_shift off" in message, message
     assert not refused.of("step")
+
+
+def test_cfg_augment_reaches_the_runs_loss_and_needs_the_empty_caption(tmp_path, comfy_root, demo_base):
+    """objective.cfg_augment through a real rank: refused before training while the cache has no empty caption
+    (with the fix), then step 1's reported loss is the CFG-augmented one computed here (collate with the empty
+    caption beside each sample's own, engine/train/cfg_augment.py), not the plain one."""
+    import comfy.sd
+
+    from PipeTrain.engine.cache.caption_store import write_empty_caption
+    from PipeTrain.engine.cache.reader import CachedDataset
+    from PipeTrain.engine.train.objective import DiffusionObjective
+    from PipeTrain.engine.train.sample_order import SampleStream, collate
+    from tools.tiny_assets import load_tiny_encoders
+
+    cache = build_cache(comfy_root, demo_base)
+    spec = ObjectiveSpec(cfg_augment=4.0)
+    empty = Path(cache) / "empty_caption.safetensors"
+    if empty.exists():  # another test's caption_dropout put it there: start without it
+        empty.unlink()
+    refused = EngineRun(dataclasses.replace(make_config(tmp_path / "no_empty", comfy_root, demo_base, cache, steps=1),
+                                            objective=spec))
+    assert refused.wait(timeout=300) != 0
+    message = " ".join(e.get("message", "") for e in refused.of("error"))
+    assert "empty caption" in message and "caption_dropout" in message, message
+
+    models = Path(demo_base["base_dir"]) / "models"
+    _, clip = load_tiny_encoders(str(models / "vae" / demo_base["vae"]), str(models / "text_encoders" / demo_base["clip"]))
+    write_empty_caption(cache, clip)
+    cfg = dataclasses.replace(make_config(tmp_path / "cfg", comfy_root, demo_base, cache, steps=1), objective=spec)
+    (reported,) = run_to_end(cfg).losses()
+    t = cfg.train
+    dataset = CachedDataset(cfg.cache_dir)
+    stream = SampleStream([dataset.repeats(i) for i in range(len(dataset))], seed=t.seed, buckets=dataset.buckets(),
+                          batch=t.batch_size)
+    positions = SampleStream.positions(0, 0, 0, 1, 1, t.batch_size)
+    model = comfy.sd.load_diffusion_model(cfg.model_path).model
+    with torch.no_grad():
+        latents, conds, ids = collate(dataset, stream, positions, torch.device("cpu"), uncond=True)
+        expected = DiffusionObjective(model, seed=t.seed, objective=spec)(latents, conds, ids).item()
+    assert reported == pytest.approx(expected, rel=1e-4)
+    assert abs(reported - _first_batch_loss(cfg, ObjectiveSpec())) > 1e-3 * abs(reported)

@@ -210,3 +210,16 @@ def test_headless_cache_config_takes_the_caption_keys_and_refuses_bad_values(tmp
     # good values pass the dataset checks; the next missing setting is the VAE
     assert "no VAE" in error(caption_prefix="ohwx, ", caption_lines=True, tag_shuffles=4, keep_tokens=1,
                              caption_dropout=0.1)
+
+
+def test_collate_for_cfg_augment_gives_each_sample_its_empty_caption_beside_its_own():
+    """CFG-augmented training (engine/train/cfg_augment.py): every cond carries the item on the empty caption
+    under "uncond"; the trained caption is the one picked as without it."""
+    from PipeTrain.engine.train.sample_order import collate
+
+    dataset = FakeCache([[1]] * 6)
+    plain = collate(dataset, SampleStream([1] * 6, seed=5), [0, 1, 2], torch.device("cpu"))[1]
+    conds = collate(dataset, SampleStream([1] * 6, seed=5), [0, 1, 2], torch.device("cpu"), uncond=True)[1]
+    for cond, same in zip(conds, plain):
+        assert torch.equal(cond["cross_attn"], same["cross_attn"])
+        assert (cond["uncond"]["cross_attn"] == -1).all() and "uncond" not in same
