@@ -127,7 +127,8 @@ class PipeTrainCacheLatents:
         for number, part in enumerate(parts, start=1):  # every part's conflicts before any is encoded
             conflict = control_style_conflict(control_style, first_frame_conditioning, part.control_folder)
             if audio_vae is not None:
-                conflict = conflict or audio_conflict(first_frame_conditioning, part.mask_folder)
+                conflict = conflict or audio_conflict(first_frame_style if first_frame_conditioning else "",
+                                                      part.mask_folder)
             if conflict:
                 raise CacheError(conflict if len(parts) == 1 else f"{part_name(part, number)}: {conflict}")
         options = ItemOptions(first_frame_style if first_frame_conditioning else "", clip_vision,

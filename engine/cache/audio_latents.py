@@ -106,8 +106,9 @@ def packed(video, audio) -> tuple:
     return row, [list(video.shape), list(audio.shape)]
 
 
-def av_latent(audio_vae, dataset, item, pixels, video) -> tuple:
-    """(packed latent, {"latent_shapes": ...}, [AudioNote]) of one item whose video latent is `video`."""
+def av_latent(audio_vae, dataset, item, pixels, video, mask=None) -> tuple:
+    """(packed latent, {"latent_shapes": ..., with a first-frame `mask`: "denoise_mask": packed}, [AudioNote]) of
+    one item whose video latent is `video`."""
     rate, notes = vae_rate(audio_vae), []
     audio = item_audio(dataset, item, int(pixels.shape[0]))
     if audio is None:
@@ -120,17 +121,32 @@ def av_latent(audio_vae, dataset, item, pixels, video) -> tuple:
             notes.append(AudioNote("audio_mono"))
         if audio.sample_rate != rate:
             notes.append(AudioNote("audio_resampled", f"{audio.sample_rate} Hz"))
-    row, shapes = packed(video, audio_latent(audio_vae, audio))
-    return row, {SHAPES_KEY: shapes}, notes
+    sound = audio_latent(audio_vae, audio)
+    row, shapes = packed(video, sound)
+    extras = {SHAPES_KEY: shapes} if mask is None else {SHAPES_KEY: shapes, "denoise_mask": packed_mask(mask, video, sound)}
+    return row, extras, notes
 
 
-def audio_conflict(first_frame_conditioning: bool, mask_folder: str) -> str | None:
-    """Why audio_vae cannot be used with these caching options, or None. Both store tensors laid out on the
-    video latent alone, which the packed row does not have."""
-    if first_frame_conditioning:
-        return ("audio_vae and first_frame_conditioning cannot go together yet: the packed video + audio latent has "
-                "no image-to-video conditioning in the cache. Turn first_frame_conditioning off, or leave audio_vae "
-                "unconnected.")
+def packed_mask(mask, video, audio):
+    """A first-frame `denoise_mask` on the video latent as ComfyUI's sampler packs the noise mask of such a pair
+    (LTXV Img To Video, then LTXV Concat AV Latent: the audio stream's mask all ones; each stream's mask
+    expanded to its latent, then packed like the latent): [1, 1, N]."""
+    import torch
+
+    ones = torch.ones((audio.shape[0], 1, audio.shape[1:].numel()), dtype=mask.dtype)
+    return torch.cat([mask.expand(video.shape).reshape(video.shape[0], 1, -1), ones], -1)
+
+
+PACKED_STYLES = ("clean_first_frame",)  # first-frame styles a packed row takes (its noise mask is packed too)
+
+
+def audio_conflict(first_frame: str, mask_folder: str) -> str | None:
+    """Why audio_vae cannot be used with these caching options (first_frame: the style, "" = off), or None.
+    Loss masks and concat-style start images are laid out on the video latent alone."""
+    if first_frame and first_frame not in PACKED_STYLES:
+        return (f"audio_vae takes first_frame_style {' or '.join(repr(s) for s in PACKED_STYLES)} (LTX 2.x's "
+                f"image-to-video, LTXV Img To Video), not {first_frame!r}: set first_frame_style to "
+                f"{PACKED_STYLES[0]!r}, turn first_frame_conditioning off, or leave audio_vae unconnected.")
     if mask_folder:
         return (f"audio_vae cannot be used with LoadDataset's mask_folder ({mask_folder}): loss masks are laid out "
                 "on the video latent, and the packed video + audio latent has none. Remove mask_folder, or leave "

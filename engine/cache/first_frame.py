@@ -9,7 +9,8 @@ the model exactly what sampling will):
   `concat_latent_image`; `concat_mask` 0 on the first latent frame.
 - start_frame_concat: HunyuanVideo15ImageToVideo, and HunyuanImageToVideo's "v1 (concat)". Only
   the first frame is encoded; the rest of `concat_latent_image` is zeros; `concat_mask` as above.
-- clean_first_frame: the latent noise mask of Wan22ImageToVideoLatent, LTXVImgToVideo (strength 1),
+- clean_first_frame: the latent noise mask of Wan22ImageToVideoLatent, LTXVImgToVideo (strength 1; LTX 2.x
+  with Cache Latents' audio_vae: the mask packed with the audio stream's, all ones),
   CosmosImageToVideoLatent and CosmosPredict2ImageToVideoLatent. The clip's first latent frame stays
   clean (`denoise_mask` 0 there, 1 elsewhere) and is left out of the loss. These families' video VAEs
   are causal in time, so the clip's first latent frame is the encoding of the first frame alone,
@@ -40,6 +41,7 @@ MODEL_STYLES = {
     "WAN21_T2V": (),  # text-to-video; model_styles() tells the A14B I2V experts apart
     "WAN22_T2V": ("clean_first_frame",),  # Wan 2.2 TI2V 5B
     "LTXV": ("clean_first_frame",),
+    "LTXAV": ("clean_first_frame",),  # LTX 2.x (ComfyUI 0.33+): packed with the audio (engine/cache/audio_latents.py)
     "CosmosI2V": ("clean_first_frame",),
     "CosmosI2VPredict2": ("clean_first_frame",),
     "CosmosT2V": (),

@@ -337,10 +337,12 @@ def _encode_one(plan: CachePlan, vae, clip, index: int, item: DatasetItem, size,
         extras.update(options.extras(vae, item, pixels, latent, control))
         if options.audio_vae is not None:
             try:
-                latent, shapes, notes = av_latent(options.audio_vae, dataset, item, pixels, latent)
+                # image-to-video (first_frame_style clean_first_frame): its noise mask is packed like the row
+                latent, packed_extras, notes = av_latent(options.audio_vae, dataset, item, pixels, latent,
+                                                         extras.get("denoise_mask"))
             except VideoReadError as e:
                 return str(e)
-            extras.update(shapes)
+            extras.update(packed_extras)
             for note in notes:
                 name = safe_text(relative_source(dataset, item.path))
                 result.note_audio(note.kind, [f"{name} ({note.detail})" if note.detail else name])

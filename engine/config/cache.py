@@ -89,7 +89,7 @@ class CacheConfig:
         _check(problem is None, problem or "")
         if self.audio_vae:
             for part in self.dataset.parts:
-                problem = audio_conflict(self.first_frame_conditioning, part.mask_folder)
+                problem = audio_conflict(self.first_frame, part.mask_folder)
                 _check(problem is None, problem or "")
         _check(self.clip_vision_crop in CLIP_VISION_CROPS, f"clip_vision_crop {self.clip_vision_crop!r}: use "
                "\"center\" or \"none\" (CLIPVisionEncode's crop; what your sampling workflow uses).")

@@ -141,16 +141,48 @@ def test_settings_that_cannot_pack_are_refused(encoders, audio_vae, tmp_path):  
 
     write_video(tmp_path / "a.mkv", FRAMES, size=(SIZE, SIZE), fps=FPS)
     (spec,) = PipeTrainLoadDataset().load(folders=str(tmp_path), resolution=SIZE, repeats=1, video_frames=FRAMES)
-    with pytest.raises(CacheError, match="first_frame_conditioning"):
+    with pytest.raises(CacheError, match="audio_vae takes first_frame_style 'clean_first_frame'.*not 'wan_concat'"):
         PipeTrainCacheLatents().encode(spec, encoders[0], encoders[2], False, first_frame_conditioning=True,
                                        audio_vae=audio_vae)
     with pytest.raises(CacheError, match="gpus to 1"):
         PipeTrainCacheLatents().encode(spec, encoders[0], encoders[2], False, gpus=2, audio_vae=audio_vae)
 
 
-def test_a_tiny_ltxav_trains_on_the_cached_row(encoders, audio_vae, tmp_path):  # noqa: F811
+def test_image_to_video_packs_the_first_frame_mask_as_the_sampler_does(encoders, audio_vae, tmp_path):  # noqa: F811
+    """first_frame_style clean_first_frame with audio_vae (LTX 2.x image-to-video): the cached denoise_mask is
+    the pair's noise mask as LTXV Concat AV Latent makes it (the audio's all ones) and the sampler packs it
+    (prepare_mask to each stream's latent, pack_latents); the row is the text-to-video one."""
+    import comfy.sampler_helpers
+    import comfy.utils
+    from comfy_extras.nodes_lt import LTXVConcatAVLatent
+
+    from PipeTrain.nodes.cache_latents import PipeTrainCacheLatents
+    from PipeTrain.nodes.load_dataset import PipeTrainLoadDataset
+
+    write_av(tmp_path / "clip.mkv", 0.36, 16000, 2)
+    (spec,) = PipeTrainLoadDataset().load(folders=str(tmp_path), resolution=SIZE, repeats=1, video_frames=FRAMES)
+    cache, _, _ = PipeTrainCacheLatents().encode(spec, encoders[0], encoders[2], False, first_frame_conditioning=True,
+                                                 first_frame_style="clean_first_frame", audio_vae=audio_vae)
+    item = CachedDataset(cache.cache_dir)[0]
+    video_shape, audio_shape = (torch.Size(s) for s in item["extras"]["latent_shapes"])
+    n = video_shape.numel()
+    video = {"samples": item["latent"][..., :n].reshape(video_shape),
+             "noise_mask": torch.ones((1, 1, *video_shape[2:]))}
+    video["noise_mask"][:, :, :1] = 0.0  # LTXV Img To Video's mask at strength 1: the first latent frame kept
+    audio = {"samples": item["latent"][..., n:].reshape(audio_shape)}
+    joint = LTXVConcatAVLatent.execute(video_latent=video, audio_latent=audio).args[0]
+    masks = [comfy.sampler_helpers.prepare_mask(m, s, "cpu") for m, s in zip(joint["noise_mask"].unbind(),
+                                                                              (video_shape, audio_shape))]
+    want, _ = comfy.utils.pack_latents(masks)
+    torch.testing.assert_close(item["extras"]["denoise_mask"], want[0])
+    assert want[0, 0, :n].min() == 0 and want[0, 0, n:].min() == 1  # kept frame in the video, all audio noised
+
+
+@pytest.mark.parametrize("first_frame", ["", "clean_first_frame"])
+def test_a_tiny_ltxav_trains_on_the_cached_row(encoders, audio_vae, tmp_path, first_frame):  # noqa: F811
     """The cached item as the training loop batches it (engine/train/sample_order.py), through the engine's
-    LoRA and objective on a tiny LTX 2.3 (16 video channels, as the test VAE gives; 8 x 16 audio)."""
+    LoRA and objective on a tiny LTX 2.3 (16 video channels, as the test VAE gives; 8 x 16 audio), text to
+    video and image to video (the kept first frame stays clean and out of the loss)."""
     import family_configs as fc
     import family_configs_033_more as more
     from trainable import make_trainable
@@ -161,8 +193,14 @@ def test_a_tiny_ltxav_trains_on_the_cached_row(encoders, audio_vae, tmp_path):  
     from PipeTrain.engine.train.objective import DiffusionObjective
     from PipeTrain.engine.train.sample_order import batch_items
 
+    from PipeTrain.nodes.cache_latents import PipeTrainCacheLatents
+    from PipeTrain.nodes.load_dataset import PipeTrainLoadDataset
+
     write_av(tmp_path / "clip.mkv", 0.36, 16000, 2)
-    cache, _, _ = _cache(tmp_path, encoders, audio_vae)
+    (spec,) = PipeTrainLoadDataset().load(folders=str(tmp_path), resolution=SIZE, repeats=1, video_frames=FRAMES)
+    cache, _, _ = PipeTrainCacheLatents().encode(spec, encoders[0], encoders[2], False,
+                                                 first_frame_conditioning=bool(first_frame),
+                                                 first_frame_style=first_frame or "wan_concat", audio_vae=audio_vae)
     latents, conds = batch_items([CachedDataset(cache.cache_dir)[0]], torch.device("cpu"))
     family = fc.Family("ltxav_cached", "LTXAV", dict(more.LTXAV.recipe, in_channels=16), tuple(latents.shape[1:]),
                        more.LTXAV.text_width, "t2v")
@@ -182,6 +220,12 @@ def test_a_tiny_ltxav_trains_on_the_cached_row(encoders, audio_vae, tmp_path):  
         opt.step()
         losses.append(loss.item())
     assert losses[-1] < losses[0], losses
+    batch = objective.prepare(latents, conds, [0])
+    if first_frame:  # the kept first latent frame: clean in the model's input, weight 0 in the loss
+        kept = batch.weight[0, 0] == 0
+        assert kept.any() and torch.equal(batch.xt[0, 0][kept], batch.x0[0, 0][kept])
+    else:
+        assert batch.weight is None
     video = int(np.prod(conds[0]["extras"]["latent_shapes"][0][1:]))
     louder = latents.clone()
     louder[..., video:] += 1.0  # only the audio stream changes
