@@ -67,10 +67,14 @@ function showText(node, text) {
       getMaxHeight: height,
     });
     widget.serialize = false;
+    // Nodes 2.0 (Vue nodes) gives the box what is left of the node's height, not getMinHeight: its minimum
+    // height makes that renderer grow the node to show its lines.
+    widget.fitBox = () => { box.style.minHeight = `${lines() * 14 + 12}px`; };
   }
   widget.value = text;
+  widget.fitBox();
   fitNode(node);
-  requestAnimationFrame(() => fitNode(node)); // again once the box has its width on the page
+  requestAnimationFrame(() => { widget.fitBox(); fitNode(node); }); // again once the box has its width on the page
   node.setDirtyCanvas(true, true);
 }
 

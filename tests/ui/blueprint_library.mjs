@@ -67,7 +67,7 @@ try {
     return { disabled, steps: byType.PipeTrainTrainPipeline.steps, prefix: byType.PipeTrainLoadDataset.caption_prefix };
   });
   // Inside the node (what opening it shows): the training chain; no two nodes' boxes (title bar included)
-  // overlap and each node's saved size fits its widgets (as tests/ui/template_layout.mjs checks the templates).
+  // overlap and each node's saved size fits its widgets (as tools/template_layout.mjs checks the templates).
   // Opened as a workflow of its own from the server's copy (GET /global_subgraphs/<id>), then entered.
   await page.evaluate(async (name) => {
     const listed = await (await fetch("global_subgraphs")).json();

@@ -2,15 +2,16 @@
 // open the example workflow from ComfyUI's template browser, press Run, see the loss chart fill and a sample appear (strip and node
 // preview), reload the page mid-run and see the chart come back, press Cancel and see the run stop.
 // Then a workflow saved before Train Options existed, converted on load; each example workflow's layout: no overlapping nodes once loaded and once its nodes show results
-// (tests/ui/template_layout.mjs), and a fresh template's node shows no other run; last, a failed run's
-// view (error and log lines), reset by a newly queued prompt and shown again when that prompt ends.
+// (tools/template_layout.mjs), and a fresh template's node shows no other run; last, a failed run's
+// view (error and log lines), reset by a newly queued prompt and shown again when that prompt ends. Where the
+// frontend has it, each example workflow's layout and training view again with Nodes 2.0 (Vue nodes).
 // Screenshots go to <artifacts dir>; the last stdout line is a JSON summary for the Python side.
 //
 //   node tests/ui/browser_train.mjs <comfyui url> <artifacts dir> <run name> <number of example workflows>
 import fs from "node:fs";
 import path from "node:path";
 import { openBrowser, openComfy } from "../../tools/chromium.mjs";
-import { checkTemplateInPage, showGraphPartInPage } from "./template_layout.mjs";
+import { checkTemplateInPage, showGraphPartInPage } from "../../tools/template_layout.mjs";
 
 const [url, artifacts, runName, templateCount] = process.argv.slice(2);
 const TRAIN_ID = 8;
@@ -232,6 +233,25 @@ try {
     summary.layouts[name] = result;
   }
 
+  // Nodes 2.0 (the node renderer ComfyUI 0.33's frontend offers: nodes as Vue components, setting
+  // Comfy.VueNodes.Enabled): each example workflow again, drawn that way. null where the frontend has none.
+  summary.nodes2 = await page.evaluate(() => window.app.extensionManager?.setting?.get("Comfy.VueNodes.Enabled") !== undefined)
+    ? {} : null;
+  if (summary.nodes2) {
+    await page.evaluate(() => window.app.extensionManager.setting.set("Comfy.VueNodes.Enabled", true));
+    for (const file of fs.readdirSync("example_workflows").filter((f) => f.endsWith(".json")).sort()) {
+      const name = file.replace(/\.json$/, "");
+      const workflow = JSON.parse(fs.readFileSync(path.join("example_workflows", file), "utf8"));
+      summary.nodes2[name] = await page.evaluate(checkTemplateInPage, { workflow, image, trainId: TRAIN_ID, nodes2: true });
+      for (const part of ["left", "right"]) {
+        await page.evaluate(showGraphPartInPage, { ...VIEW, part });
+        await page.waitForTimeout(600);
+        await shot(`09_nodes2_${name}_${part}.png`);
+      }
+    }
+    await page.evaluate(() => window.app.extensionManager.setting.set("Comfy.VueNodes.Enabled", false));
+  }
+
   // The last template's node through a failed run (the messages nodes/ui_feed.py sends), then a new
   // prompt queued (the view resets) that ends before training (the failed run shows again).
   summary.failedView = await page.evaluate(async (id) => {
@@ -255,6 +275,7 @@ try {
   }, TRAIN_ID);
   await focusTrainNode();
   await shot("08_failed.png");
+
   summary.ok = true;
 } catch (e) {
   summary.ok = false;

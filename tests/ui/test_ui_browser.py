@@ -4,7 +4,9 @@ appear (strip and node preview), reloads the page mid-run and sees the chart com
 Cancel and sees training stop, then sees SaveLoRA's returned text in its summary box. The workflow is
 opened from ComfyUI's template browser. A workflow saved before Train Options existed is converted on load. Then each example workflow is opened fresh: no two nodes overlap,
 before and after its nodes show results, its saved node sizes fit their widgets, no summary box cuts
-its text, its multiline boxes are labelled, and its training view shows no other run. Screenshots: tests/artifacts/<time>/ (kept by CI as artifacts).
+its text, its multiline boxes are labelled, and its training view shows no other run; where the frontend has
+Nodes 2.0 (ComfyUI 0.33's: nodes drawn as Vue components), each again drawn that way: no overlaps, no cut
+summary, the training view inside its node. Screenshots: tests/artifacts/<time>/ (kept by CI as artifacts).
 The same test runs on each supported ComfyUI (COMFYUI_PATH), so on each one's frontend."""
 from __future__ import annotations
 
@@ -77,6 +79,17 @@ def test_run_chart_samples_reload_and_cancel_in_the_browser(comfy_server, demo_b
         assert {"folders", "sample_prompts"} <= set(lay["boxLabels"]), (name, lay["boxLabels"])
         for part in ("left", "right"):
             assert (artifacts / f"07_layout_{name}_{part}.png").stat().st_size > 10_000, (name, part)
+    nodes2 = summary["nodes2"]  # Nodes 2.0 (Vue nodes), where the frontend has it (ComfyUI 0.33's); else None
+    if nodes2 is not None:
+        assert sorted(nodes2) == sorted(layouts)
+        for name, lay in nodes2.items():
+            assert lay["loaded"]["overlaps"] == [] and lay["after"]["overlaps"] == [], (name, lay)
+            assert lay["after"]["cut"] == [] and lay["loaded"]["status"] == "idle", (name, lay)
+            shown = lay["loaded"]["view"]  # the training view inside its node's box: status line and chart
+            assert shown["node"] and shown["inside"] and shown["chartHeight"] > 50, (name, shown)
+            assert shown["line"] == "not started", (name, shown)
+            for part in ("left", "right"):
+                assert (artifacts / f"09_nodes2_{name}_{part}.png").stat().st_size > 10_000, (name, part)
     failed = summary["failedView"]  # a failed run: its error and the log's last lines on the node
     assert failed["status"] == "failed" and failed["shown"], failed
     assert "CUDA out of memory (a test message)" in failed["error"] and "Traceback" in failed["error"], failed

@@ -1,10 +1,14 @@
 // What tests/ui/browser_train.mjs checks of each example workflow's layout in the real frontend: no two
 // nodes' boxes (node.pos / node.size, plus the title bar above pos) overlap, once the template is loaded
 // and again once every node that shows a result has one (images, text summaries), and each node's saved
-// size fits its current widgets. Runs in the page (page.evaluate).
+// size fits its current widgets. Runs in the page (page.evaluate). tools/measure_templates.mjs runs the
+// same load-and-deliver steps to measure the sizes tools/relayout_templates.py lays the templates out for.
 
-/** The page-side check: load `workflow`, measure, deliver results as the api does, measure again. */
-export async function checkTemplateInPage({ workflow, image, trainId }) {
+/** The page-side check: load `workflow`, measure, deliver results as the api does, measure again. With
+ *  `nodes2` (the frontend's Nodes 2.0 renderer on) node.size is what that renderer grew each node to, which
+ *  takes a moment after drawing, the saved-size check (the classic canvas's computeSize) does not apply, and
+ *  the training view is checked to sit inside its node's drawn box. */
+export async function checkTemplateInPage({ workflow, image, trainId, nodes2 = false }) {
   const { app } = window;
   const { api } = await import("/scripts/api.js");
   const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
@@ -22,13 +26,25 @@ export async function checkTemplateInPage({ workflow, image, trainId }) {
   };
   const saved = Object.fromEntries(workflow.nodes.map((n) => [n.id, n.size]));
   await app.loadGraphData(structuredClone(workflow));
-  await sleep(600);
-  const tooSmall = app.graph._nodes.filter((n) => {
+  await sleep(nodes2 ? 2500 : 600);
+  const tooSmall = nodes2 ? [] : app.graph._nodes.filter((n) => {
     const [w, h] = n.computeSize();
     return saved[n.id][0] < w - 1 || saved[n.id][1] < h - 1;
   }).map((n) => `${n.type}#${n.id} saved ${saved[n.id]} needs ${n.computeSize().map(Math.round)}`);
+  const sizes = () => Object.fromEntries(app.graph._nodes.map((n) => [String(n.id), [...n.size]]));
   const train = app.graph.getNodeById(trainId);
-  const loaded = { overlaps: overlaps(), status: train?.pipetrainView?.root?.dataset.status };
+  const loaded = { overlaps: overlaps(), status: train?.pipetrainView?.root?.dataset.status, sizes: sizes() };
+  if (nodes2) {  // the view drawn inside the Train Pipeline node's own box, with its status line and chart
+    const box = document.querySelector(`[data-node-id="${trainId}"]`)?.getBoundingClientRect();
+    const root = train?.pipetrainView?.root;
+    const view = root?.getBoundingClientRect();
+    const chart = root?.querySelector("canvas")?.getBoundingClientRect();
+    loaded.view = { node: Boolean(box), width: Math.round(view?.width || 0), height: Math.round(view?.height || 0),
+                    chartHeight: Math.round(chart?.height || 0),
+                    inside: Boolean(box && view && view.left >= box.left - 1 && view.right <= box.right + 1
+                                    && view.top >= box.top - 1 && view.bottom <= box.bottom + 1),
+                    line: root?.querySelector(".pipetrain-status")?.textContent || "" };
+  }
   const boxLabels = app.graph._nodes.flatMap((n) => (n.widgets || []).filter((w) => w.inputEl?.dataset?.pipetrainLabel)
     .map((w) => w.name));
 
@@ -43,13 +59,13 @@ export async function checkTemplateInPage({ workflow, image, trainId }) {
     } else if (n.type === "PipeTrainSaveLoRA") output = { text: [`saved ${lora}`] };
     if (output) api.dispatchEvent(new CustomEvent("executed", { detail: { node: String(n.id), display_node: String(n.id), output } }));
   }
-  await sleep(1500);
+  await sleep(nodes2 ? 2500 : 1500);
   app.graph.setDirtyCanvas(true, true);
   // A summary box that cuts its text (a long LoRA path) shows less than it holds.
   const cut = app.graph._nodes.flatMap((n) => (n.widgets || []).filter((w) => w.name === "pipetrain_summary")
     .filter((w) => w.element.scrollWidth > w.element.clientWidth + 1 || w.element.scrollHeight > w.element.clientHeight + 1)
     .map((w) => `${n.type}#${n.id} shows ${w.element.clientWidth}x${w.element.clientHeight} of ${w.element.scrollWidth}x${w.element.scrollHeight}`));
-  return { loaded, tooSmall, boxLabels, after: { overlaps: overlaps(), cut } };
+  return { loaded, tooSmall, boxLabels, after: { overlaps: overlaps(), cut, sizes: sizes() } };
 }
 
 /** Show the left or the right part of the graph at a zoom that still draws the widgets' text (for the
