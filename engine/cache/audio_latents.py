@@ -1,4 +1,5 @@
-"""Audio + video items for models that sample a packed video + audio latent (LTX 2.3 / 2.0, `LTXAV`).
+"""Audio + video items for models that sample a packed video + audio latent (LTX 2.3 / 2.0, `LTXAV`, and
+MiniMax H3; ComfyUI 0.33+).
 
 With CacheLatents' `audio_vae` connected, each item's latent is the pair ComfyUI's sampler gives such a
 model: the video latent and the audio latent of the clip's sound, packed into one row the way
@@ -88,7 +89,12 @@ def audio_latent(audio_vae, audio: ClipAudio):
 
 
 def mixed_down(audio: ClipAudio) -> ClipAudio:
-    """More than two channels -> FFmpeg's stereo downmix (what a player does with 5.1)."""
+    """More than two channels -> FFmpeg's stereo downmix (what a player does with 5.1); a track whose channel
+    layout FFmpeg does not know: the mean of its even channels left, of its odd ones right."""
+    if not audio.layout:
+        wave = audio.waveform
+        return ClipAudio(np.stack([wave[0::2].mean(0), wave[1::2].mean(0)]).astype(np.float32), audio.sample_rate,
+                         "stereo")
     import av
 
     frame = av.AudioFrame.from_ndarray(np.ascontiguousarray(audio.waveform), format="fltp", layout=audio.layout)
@@ -114,7 +120,7 @@ def av_latent(audio_vae, dataset, item, pixels, video, mask=None) -> tuple:
     if audio is None:
         audio, notes = silence(dataset, int(pixels.shape[0]), rate), [AudioNote("audio_silent")]
     else:
-        if audio.channels > VAE_CHANNELS and audio.layout:
+        if audio.channels > VAE_CHANNELS:
             notes.append(AudioNote("audio_mixed_down", f"{audio.channels} channels"))
             audio = mixed_down(audio)
         elif audio.channels < VAE_CHANNELS:
