@@ -93,9 +93,12 @@ _MINIMAX_H3 = dict(family="MiniMaxH3", config=dict(
                    audio_stream=(32, 2, 0), depth_keys=("num_layers", "token_refiner_num_layers"))
 SHAPES_033["minimax_h3_t2i"] = dict(_MINIMAX_H3, five_d=True)
 SHAPES_033["minimax_h3_t2v"] = dict(_MINIMAX_H3, video=True)
+# With its sound, as Cache Latents' audio_vae packs it: 40 audio latent frames (a second at 40 per second).
+SHAPES_033["minimax_h3_t2v_audio"] = dict(_MINIMAX_H3, video=True, audio_stream=(32, 2, 40))
 
 # What the host ComfyUI must have for each shape (Flux 2 is older than Klein, whose own part is its text encoder).
 NEEDS = {"flux2_klein_4b": "comfy.text_encoders.flux.klein_te", "flux2_klein_9b": "comfy.text_encoders.flux.klein_te",
          "anima": "comfy.supported_models.Anima", "ernie_image": "comfy.supported_models.ErnieImage",
          "ideogram4": "comfy.supported_models.Ideogram4", "krea2": "comfy.supported_models.Krea2",
-         "minimax_h3_t2i": "comfy.supported_models.MiniMaxH3", "minimax_h3_t2v": "comfy.supported_models.MiniMaxH3"}
+         "minimax_h3_t2i": "comfy.supported_models.MiniMaxH3", "minimax_h3_t2v": "comfy.supported_models.MiniMaxH3",
+         "minimax_h3_t2v_audio": "comfy.supported_models.MiniMaxH3"}

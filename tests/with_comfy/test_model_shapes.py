@@ -211,20 +211,23 @@ def test_a_written_shallow_file_loads_through_comfyui_as_its_family(comfy, name,
 
 
 # ---- the families only ComfyUI 0.33+ has (benchmarks/model_shapes_033.py) ----
-# Raw latents at 1024x1024 or 512x512x33; MiniMax H3's is the packed row of its video and (empty) audio streams.
+# Raw latents at 1024x1024 or 512x512x33; MiniMax H3's is the packed row of its video and audio streams.
 LATENT_033 = {"flux2_klein_4b": (128, 64, 64), "flux2_klein_9b": (128, 64, 64), "anima": (16, 1, 128, 128),
               "ernie_image": (128, 64, 64), "ideogram4": (128, 64, 64), "krea2": (16, 1, 128, 128),
-              "minimax_h3_t2i": (1, 24 * 64 * 64), "minimax_h3_t2v": (1, 24 * 9 * 32 * 32)}
+              "minimax_h3_t2i": (1, 24 * 64 * 64), "minimax_h3_t2v": (1, 24 * 9 * 32 * 32),
+              "minimax_h3_t2v_audio": (1, 24 * 9 * 32 * 32 + 32 * 2 * 40)}
 # The tiny family (tests/family_configs_033.py) whose cached conditioning each shape must reproduce.
 TINY_033 = {"flux2_klein_4b": "flux2_klein", "flux2_klein_9b": "flux2_klein", "anima": "anima",
             "ernie_image": "ernie_image", "ideogram4": "ideogram4", "krea2": "krea2",
-            "minimax_h3_t2i": "minimax_h3_t2i", "minimax_h3_t2v": "minimax_h3_t2v"}
+            "minimax_h3_t2i": "minimax_h3_t2i", "minimax_h3_t2v": "minimax_h3_t2v",
+            "minimax_h3_t2v_audio": "minimax_h3_t2v_audio"}
 # The layer that reads the text (key, dim, multiple): its input width x multiple = the shape's text_dim.
 TEXT_IN_033 = {"flux2_klein_4b": ("txt_in.weight", 1, 1), "flux2_klein_9b": ("txt_in.weight", 1, 1),
                "anima": ("llm_adapter.blocks.0.cross_attn.k_proj.weight", 1, 1), "ernie_image": ("text_proj.weight", 1, 1),
                "ideogram4": ("llm_cond_proj.weight", 1, 1),
                "krea2": ("txtfusion.layerwise_blocks.0.prenorm.scale", 0, 12),  # 12 stacked Qwen3-VL layers
-               "minimax_h3_t2i": ("condition_proj.weight", 1, 1), "minimax_h3_t2v": ("condition_proj.weight", 1, 1)}
+               "minimax_h3_t2i": ("condition_proj.weight", 1, 1), "minimax_h3_t2v": ("condition_proj.weight", 1, 1),
+               "minimax_h3_t2v_audio": ("condition_proj.weight", 1, 1)}
 
 
 @pytest.mark.parametrize("name", CORE_033)
