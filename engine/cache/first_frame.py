@@ -41,7 +41,6 @@ MODEL_STYLES = {
     "WAN21_T2V": (),  # text-to-video; model_styles() tells the A14B I2V experts apart
     "WAN22_T2V": ("clean_first_frame",),  # Wan 2.2 TI2V 5B
     "LTXV": ("clean_first_frame",),
-    "LTXAV": ("clean_first_frame",),  # LTX 2.x (ComfyUI 0.33+): packed with the audio (engine/cache/audio_latents.py)
     "CosmosI2V": ("clean_first_frame",),
     "CosmosI2VPredict2": ("clean_first_frame",),
     "CosmosT2V": (),
