@@ -124,6 +124,9 @@ class PipeTrainCacheLatents:
         with the same encoders; returns (CacheSpec listing every part's cache, the report's lines, its rows by
         reason). gpus above 1: the ranks encode first (nodes/cache_on_ranks.py), then this finds every item cached."""
         parts = dataset.parts
+        if audio_vae is not None and gpus > 1:
+            raise CacheError("audio_vae caches on one process for now: set gpus to 1 (or leave audio_vae "
+                             "unconnected).")
         for number, part in enumerate(parts, start=1):  # every part's conflicts before any is encoded
             conflict = control_style_conflict(control_style, first_frame_conditioning, part.control_folder)
             if audio_vae is not None:
@@ -134,9 +137,6 @@ class PipeTrainCacheLatents:
         options = ItemOptions(first_frame_style if first_frame_conditioning else "", clip_vision,
                               clip_vision_crop != "none", control_style, audio_vae)
         identity = cache_identity(vae, clip, options)
-        if audio_vae is not None and gpus > 1:
-            raise CacheError("audio_vae caches on one process for now: set gpus to 1 (or leave audio_vae "
-                             "unconnected).")
         for part in parts:  # the VAE's clip-length rule: before any part is encoded
             check_clip_lengths(part, vae)
         ranks = dict(first_frame_conditioning=first_frame_conditioning, first_frame_style=first_frame_style,

@@ -9,7 +9,7 @@
 import fs from "node:fs";
 import path from "node:path";
 import { openBrowser, openComfy } from "./chromium.mjs";
-import { checkTemplateInPage } from "./template_layout.mjs";
+import { checkTemplateInPage, hasNodes2InPage, setNodes2InPage } from "./template_layout.mjs";
 
 const [url, imageName, subfolder, ...files] = process.argv.slice(2);
 const TRAIN_ID = 8; // the example workflows' Train Pipeline node
@@ -18,13 +18,10 @@ const browser = await openBrowser({ width: 1700, height: 1200 });
 try {
   const { page } = browser;
   await openComfy(page, url);
-  const hasNodes2 = await page.evaluate(() => window.app.extensionManager?.setting?.get("Comfy.VueNodes.Enabled") !== undefined);
+  const hasNodes2 = await page.evaluate(hasNodes2InPage);
   const result = {};
   for (const nodes2 of hasNodes2 ? [false, true] : [false]) {
-    await page.evaluate(async (on) => {
-      const setting = window.app.extensionManager?.setting;
-      if (setting) await setting.set("Comfy.VueNodes.Enabled", on);
-    }, nodes2);
+    await page.evaluate(setNodes2InPage, nodes2);
     for (const file of files) {
       const workflow = JSON.parse(fs.readFileSync(file, "utf8"));
       const { loaded, after } = await page.evaluate(checkTemplateInPage, { workflow, image, trainId: TRAIN_ID, nodes2 });

@@ -4,6 +4,16 @@
 // size fits its current widgets. Runs in the page (page.evaluate). tools/measure_templates.mjs runs the
 // same load-and-deliver steps to measure the sizes tools/relayout_templates.py lays the templates out for.
 
+/** Whether the frontend offers Nodes 2.0 (its Comfy.VueNodes.Enabled setting). Runs in the page. */
+export function hasNodes2InPage() {
+  return window.app.extensionManager?.setting?.get("Comfy.VueNodes.Enabled") !== undefined;
+}
+
+/** Turn Nodes 2.0 on or off (a frontend without it: nothing). Runs in the page. */
+export async function setNodes2InPage(on) {
+  await window.app.extensionManager?.setting?.set("Comfy.VueNodes.Enabled", on);
+}
+
 /** The page-side check: load `workflow`, measure, deliver results as the api does, measure again. With
  *  `nodes2` (the frontend's Nodes 2.0 renderer on) node.size is what that renderer grew each node to, which
  *  takes a moment after drawing, the saved-size check (the classic canvas's computeSize) does not apply, and

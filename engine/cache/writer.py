@@ -317,6 +317,7 @@ def _encode_one(plan: CachePlan, vae, clip, index: int, item: DatasetItem, size,
     With options.audio_vae the latent written is the packed video + audio row (engine/cache/audio_latents.py);
     what its sound needed goes to result.note_audio."""
     dataset = plan.dataset
+    source = safe_text(relative_source(dataset, item.path))
     try:
         pixels, control = load_pixels(dataset, item, size)
     except (ImageReadError, VideoReadError) as e:  # passed the scan but fails to decode fully (e.g. damaged pixel data)
@@ -344,8 +345,7 @@ def _encode_one(plan: CachePlan, vae, clip, index: int, item: DatasetItem, size,
                 return str(e)
             extras.update(packed_extras)
             for note in notes:
-                name = safe_text(relative_source(dataset, item.path))
-                result.note_audio(note.kind, [f"{name} ({note.detail})" if note.detail else name])
+                result.note_audio(note.kind, [f"{source} ({note.detail})" if note.detail else source])
         more = {"variants": tuple((c, e, t) for (c, e), t in zip(encodings[1:], flat[1:])),
                 "lines": tuple(len(line) for line in texts)} if len(flat) > 1 else {}
     try:
@@ -354,8 +354,8 @@ def _encode_one(plan: CachePlan, vae, clip, index: int, item: DatasetItem, size,
     except ImageReadError as e:
         return str(e)
     try:
-        skipped.update(write(writer, index, latent, cond, extras, safe_text(relative_source(dataset, item.path)),
-                             flat[0], item.repeats, loss_mask=mask, **more))
+        skipped.update(write(writer, index, latent, cond, extras, source, flat[0], item.repeats, loss_mask=mask,
+                             **more))
     except OSError as e:
         raise write_error(dataset, e) from e
     return None

@@ -11,7 +11,7 @@
 import fs from "node:fs";
 import path from "node:path";
 import { openBrowser, openComfy } from "../../tools/chromium.mjs";
-import { checkTemplateInPage, showGraphPartInPage } from "../../tools/template_layout.mjs";
+import { checkTemplateInPage, hasNodes2InPage, setNodes2InPage, showGraphPartInPage } from "../../tools/template_layout.mjs";
 
 const [url, artifacts, runName, templateCount] = process.argv.slice(2);
 const TRAIN_ID = 8;
@@ -235,10 +235,9 @@ try {
 
   // Nodes 2.0 (the node renderer ComfyUI 0.33's frontend offers: nodes as Vue components, setting
   // Comfy.VueNodes.Enabled): each example workflow again, drawn that way. null where the frontend has none.
-  summary.nodes2 = await page.evaluate(() => window.app.extensionManager?.setting?.get("Comfy.VueNodes.Enabled") !== undefined)
-    ? {} : null;
+  summary.nodes2 = (await page.evaluate(hasNodes2InPage)) ? {} : null;
   if (summary.nodes2) {
-    await page.evaluate(() => window.app.extensionManager.setting.set("Comfy.VueNodes.Enabled", true));
+    await page.evaluate(setNodes2InPage, true);
     for (const file of fs.readdirSync("example_workflows").filter((f) => f.endsWith(".json")).sort()) {
       const name = file.replace(/\.json$/, "");
       const workflow = JSON.parse(fs.readFileSync(path.join("example_workflows", file), "utf8"));
@@ -249,7 +248,7 @@ try {
         await shot(`09_nodes2_${name}_${part}.png`);
       }
     }
-    await page.evaluate(() => window.app.extensionManager.setting.set("Comfy.VueNodes.Enabled", false));
+    await page.evaluate(setNodes2InPage, false);
   }
 
   // The last template's node through a failed run (the messages nodes/ui_feed.py sends), then a new
