@@ -23,3 +23,22 @@ def is_linear(module: nn.Module) -> bool:
 def other_linear_types(modules) -> set[type]:
     """The linear classes among `modules` that are not nn.Linear (peft must be told how to wrap them)."""
     return {type(m) for m in modules if is_linear(m) and not isinstance(m, nn.Linear)}
+
+
+FLOAT8 = tuple(getattr(torch, name) for name in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz")
+               if hasattr(torch, name))
+
+
+def is_low_precision(weight: torch.Tensor) -> bool:
+    """A weight that float arithmetic cannot read as it is: ComfyUI's QuantizedTensor (a tensor subclass that
+    dequantizes itself) or a plain float8 tensor (memory.base_dtype float8_*)."""
+    data = weight.data if isinstance(weight, nn.Parameter) else weight
+    return (type(data) is not torch.Tensor and hasattr(data, "dequantize")) or data.dtype in FLOAT8
+
+
+def float_weight(weight: torch.Tensor) -> torch.Tensor:
+    """A float32 copy of a layer's weight, whatever ComfyUI stores it as (quantized tensors dequantized)."""
+    data = weight.detach()
+    if type(data) is not torch.Tensor and hasattr(data, "dequantize"):
+        data = data.dequantize()
+    return data.to(torch.float32)

@@ -1,9 +1,15 @@
-"""peft's LoRA Linear computing in the activations' dtype (engine/train/lora.py installs it).
+"""peft's LoRA Linear computing in the activations' dtype, and its DoRA reading low-precision base weights
+(engine/train/lora.py installs both).
 
 peft casts each LoRA layer's input to the LoRA weights' dtype and adds the result in that dtype.
 Every LoRA layer injected by the engine gets a subclass of peft's `Linear` whose forward casts the
 (small) LoRA weights to the input's dtype instead; tests/unit/test_lora_layer.py compares it with
 peft's own forward, so a peft release that changes the layer fails there.
+
+peft's DoRA reads the base weight as it is stored: on fp8 weights (memory.base_dtype float8_*) its
+magnitude init multiplies in float8, which torch does not implement, and ComfyUI's QuantizedTensor
+(quantized files) is not dequantized. `dora_reads_float_weights` makes it read a float32 copy;
+tests/with_comfy/test_quantized_base.py trains DoRA on both and loads the file back through ComfyUI.
 """
 from __future__ import annotations
 
@@ -48,3 +54,28 @@ def _activation_dtype_class():
 
     return type("ActivationDtypeLora", (Linear,), {"forward": _activation_dtype_forward,
                                                     "__doc__": "peft's LoRA Linear computing in the input's dtype."})
+
+
+@functools.cache
+def dora_reads_float_weights() -> None:
+    """Make peft's DoRA read low-precision base weights (linear_layers.is_low_precision) as float32 copies, in
+    its magnitude init and each forward, and start its adapter factors in float32 (peft moves them to the base
+    weight's dtype, float8 there, just before the magnitude init). Once per process; others are unchanged."""
+    import peft.tuners.lora.dora as dora
+    from peft.tuners.lora.variants import DoraLinearVariant
+
+    from ..linear_layers import float_weight, is_low_precision
+
+    read, init = dora.dequantize_module_weight, DoraLinearVariant.init
+
+    def read_float(module: nn.Module) -> torch.Tensor:
+        return float_weight(module.weight) if is_low_precision(module.weight) else read(module)
+
+    def init_float(module: nn.Module, adapter_name: str, **kwargs) -> None:
+        if is_low_precision(module.get_base_layer().weight):
+            for factors in (module.lora_A, module.lora_B):
+                factors[adapter_name].to(torch.float32)
+        init(module, adapter_name=adapter_name, **kwargs)
+
+    dora.dequantize_module_weight = read_float
+    DoraLinearVariant.init = staticmethod(init_float)

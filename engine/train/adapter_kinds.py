@@ -28,6 +28,7 @@ from torch import nn
 
 from ..config.checks import ConfigError
 from ..config.sections import LoraSpec
+from ..linear_layers import float_weight
 from ..patches.peft import ADAPTER
 
 KEY_PREFIX = "diffusion_model."
@@ -60,14 +61,14 @@ def peft_config(spec: LoraSpec, target_modules: str):
 
 def wrap_like_linear(config, spec: LoraSpec, layer_types: set[type]) -> None:
     """Tell peft to give `layer_types` (linear layers that are not nn.Linear: ComfyUI's quantized Linear) its
-    own LoRA Linear, which calls the layer and adds the adapter. LoRA only: the other kinds read the base
-    weight as a plain tensor."""
+    own LoRA Linear, which calls the layer and adds the adapter. LoRA and DoRA (which reads a dequantized copy
+    of the weight: patches/peft.py): LoHa and LoKr read the base weight as a plain tensor."""
     from peft.tuners.lora.layer import Linear as LoraLinear
 
-    if spec.kind != "lora":
+    if spec.kind not in ("lora", "dora"):
         raise ConfigError(f"lora.kind {spec.kind!r} on a quantized model file: its layers hold quantized weights "
-                          "(ComfyUI's mixed-precision format), which only a plain LoRA trains on. Choose adapter "
-                          "'lora', or train on the full-precision file.")
+                          "(ComfyUI's mixed-precision format), which only a LoRA or DoRA trains on. Choose adapter "
+                          "'lora' or 'dora', or train on the full-precision file.")
     config._register_custom_module({t: LoraLinear for t in layer_types})
 
 
@@ -132,7 +133,7 @@ def _lokr_full(attributes: dict[str, str]) -> bool:
 def _dora_norms(named: dict[str, torch.Tensor], attributes: dict[str, str], weight: torch.Tensor,
                 scale: float) -> tuple[torch.Tensor, torch.Tensor]:
     """(||W|| + eps, ||W + delta||) per output row, float32 [out], from the base weight and the LoRA factors."""
-    w = weight.detach().to("cpu", torch.float32).reshape(weight.shape[0], -1)
+    w = float_weight(weight).to("cpu").reshape(weight.shape[0], -1)
     a, b = (named[attributes[k]].to("cpu", torch.float32) for k in ("lora_A", "lora_B"))
     base = w.norm(dim=1) + _EPS
     return base, (w + scale * (b @ a)).norm(dim=1)

@@ -20,7 +20,7 @@ from ..linear_layers import is_linear, other_linear_types
 from ..config.checks import ConfigError
 from ..config.sections import LoraSpec
 from ..memory.blocks import block_roots
-from ..patches.peft import compute_in_activation_dtype
+from ..patches.peft import compute_in_activation_dtype, dora_reads_float_weights
 from . import adapter_kinds
 from .adapter_kinds import is_adapter_param
 
@@ -72,6 +72,8 @@ def inject_lora(diffusion_model: nn.Module, spec: LoraSpec) -> list[str]:
     quantized = other_linear_types(diffusion_model.get_submodule(t) for t in targets)
     if quantized:  # a quantized file's layers (ComfyUI 0.33+): peft wraps them as it wraps nn.Linear
         adapter_kinds.wrap_like_linear(config, spec, quantized)
+    if spec.kind == "dora":  # fp8 or quantized base weights: DoRA's norms read float32 copies of them
+        dora_reads_float_weights()
     inject_adapter_in_model(config, diffusion_model, adapter_name=adapter_kinds.ADAPTER)
     dtype = torch.bfloat16 if spec.dtype == "bfloat16" else torch.float32
     for name, param in diffusion_model.named_parameters():

@@ -97,8 +97,81 @@ def test_other_adapter_kinds_on_a_quantized_file_are_refused_with_the_fix(tmp_pa
     path = _quantized_file(demo_base, "float8_e4m3fn")
     cfg = make_config(tmp_path / "loha", comfy_root, demo_base, "unused")
     model = load_base_model(dataclasses.replace(cfg, model_path=str(path)), torch.device("cpu"))
-    with pytest.raises(ConfigError, match="kind 'loha' on a quantized model file.*Choose adapter 'lora'"):
+    with pytest.raises(ConfigError, match="kind 'loha' on a quantized model file.*Choose adapter 'lora' or 'dora'"):
         inject_lora(model.diffusion_model, LoraSpec(rank=4, kind="loha", targets="all_linear"))
+
+
+def _fp8_model(tmp_path, comfy_root, demo_base, where: str):
+    """The demo UNet with fp8 weights: its quantized copy (a file), or the plain file at base_dtype float8."""
+    from PipeTrain.engine.config.sections import MemorySpec
+    from PipeTrain.engine.models.loading import load_base_model
+    from engine_runs import make_config
+
+    memory = MemorySpec(base_dtype="float8_e4m3fn") if where == "base_dtype" else MemorySpec()
+    cfg = make_config(tmp_path / where, comfy_root, demo_base, "unused", memory=memory)
+    if where == "file":
+        cfg = dataclasses.replace(cfg, model_path=str(_quantized_file(demo_base, "float8_e4m3fn")))
+    return cfg, load_base_model(cfg, torch.device("cpu"))
+
+
+@pytest.mark.parametrize("where", ["file", "base_dtype"])
+def test_dora_trains_on_fp8_weights_and_comfyui_applies_it(tmp_path, comfy_root, demo_base, where):
+    """DoRA on fp8 weights (a quantized file, or memory.base_dtype float8_e4m3fn): its magnitudes start at the
+    dequantized weights' row norms, a step gives finite gradients to every factor, and the saved file, loaded by
+    ComfyUI's LoRA loader onto the same fp8 model, gives the DoRA model's output."""
+    import comfy.model_patcher
+    import comfy.sd
+
+    from PipeTrain.engine.cache.reader import CachedDataset
+    from PipeTrain.engine.linear_layers import float_weight, is_low_precision
+    from PipeTrain.engine.train.adapter_kinds import ADAPTER
+    from PipeTrain.engine.train.lora import inject_lora, lora_state_dict, lora_tensors
+    from PipeTrain.engine.train.objective import model_kwargs
+    from PipeTrain.engine.train.sample_order import batch_items
+    from engine_runs import build_cache
+
+    dataset = CachedDataset(build_cache(comfy_root, demo_base))
+    cfg, model = _fp8_model(tmp_path, comfy_root, demo_base, where)
+    spec = LoraSpec(rank=4, alpha=8.0, kind="dora", targets="all_linear")
+    targets = inject_lora(model.diffusion_model, spec)
+    dora = {t: model.diffusion_model.get_submodule(t) for t in targets}
+    low = [t for t, m in dora.items() if is_low_precision(m.get_base_layer().weight)]
+    assert low, "no fp8 layer got a DoRA"
+    for t in low:  # peft's init: ||W|| per output row, here of the dequantized weight
+        magnitude = dora[t].lora_magnitude_vector[ADAPTER].weight
+        assert magnitude.dtype == torch.float32
+        torch.testing.assert_close(magnitude, float_weight(dora[t].get_base_layer().weight).norm(dim=1))
+
+    latents, conds = batch_items([dataset[0]], torch.device("cpu"))
+    x0 = latents.float()
+    kwargs = model_kwargs(model, conds, x0, torch.randn_like(x0))
+
+    def output(m):
+        return m.apply_model(x0, torch.full((1,), 0.6), transformer_options={}, **kwargs)
+
+    output(model).square().mean().backward()
+    grads = {n: p.grad for n, p in model.diffusion_model.named_parameters() if p.requires_grad}
+    assert grads and all(g is not None and torch.isfinite(g).all() for g in grads.values())
+    assert any(g.abs().sum() > 0 for n, g in grads.items() if "lora_magnitude_vector" in n)
+
+    with torch.no_grad():  # trained-looking factors and magnitudes
+        for p in model.diffusion_model.parameters():
+            if p.requires_grad:
+                p.add_(torch.randn_like(p) * 0.05)
+        want = output(model)
+    lora = lora_state_dict(lora_tensors(model.diffusion_model), spec, model.diffusion_model)
+    assert any(k.endswith(".dora_scale") for k in lora)
+    _, plain = _fp8_model(tmp_path, comfy_root, demo_base, where)
+    patcher = comfy.model_patcher.ModelPatcher(plain, torch.device("cpu"), torch.device("cpu"))
+    patched, _ = comfy.sd.load_lora_for_models(patcher, None, lora, 1.0, 0)
+    assert len(patched.patches) == len(targets)  # every layer's DoRA used
+    patched.patch_model()
+    with torch.no_grad():
+        got = output(patched.model)
+        base = output(_fp8_model(tmp_path, comfy_root, demo_base, where)[1])
+    effect = (want - base).abs().max().item()
+    assert effect > 1e-2  # the DoRA changes the output ...
+    assert (got - want).abs().max().item() < 0.2 * effect  # ... and ComfyUI's patched fp8 model gives it
 
 
 def test_block_swap_on_a_quantized_file_is_refused_with_the_fix(tmp_path, comfy_root, demo_base):
