@@ -49,7 +49,7 @@ FAMILY_SHAPES = ("sdxl", "flux_dev", "flux_kontext", "chroma", "sd35_large", "au
 FAMILY_SHAPES += ("wan21_i2v_14b", "wan22_5b_ti2v", "ltxv_2b_i2v", "hunyuan_video15_i2v")
 # the families only ComfyUI 0.33+ has (benchmarks/model_shapes_033.py; Ernie-Image runs at its full 36 layers)
 FAMILY_SHAPES_033 = ("flux2_klein_4b", "flux2_klein_9b", "anima", "ernie_image", "ideogram4", "krea2",
-                     "minimax_h3_t2i", "minimax_h3_t2v", "minimax_h3_t2v_audio")
+                     "minimax_h3_t2i", "minimax_h3_t2v", "minimax_h3_t2v_audio", "ltx23_t2v")
 IMAGE_SIZE, VIDEO_SIZE, VIDEO_FRAMES = 512, 256, 17
 
 

@@ -21,6 +21,7 @@ build() and load the file's tensors into it instead of going through comfy.sd.
 """
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -52,6 +53,8 @@ class Shape:
     token_tensors: dict[str, str] = field(default_factory=dict)
     # models trained on ComfyUI's packed video + audio row (MiniMax H3): the audio stream's shape [C, ...]
     audio_stream: tuple[int, ...] = ()
+    # config keys the released file keeps in its metadata ("config" -> "transformer"), where detection reads them
+    file_config: tuple[str, ...] = ()
 
     def latent(self, size: int, frames: int = 1, height: int = 0) -> tuple[int, ...]:
         """Raw VAE latent of one sample (before process_latent_in, batch dim removed) at width `size` x
@@ -298,19 +301,27 @@ def build(shape: Shape, device: str = "meta", dtype=None):
     return config.get_model({}, device=device)
 
 
-def detect(state_dict: dict) -> tuple[str, dict] | None:
+def file_metadata(shape: Shape) -> dict[str, str] | None:
+    """The safetensors metadata write_random gives the file: the shape's file_config keys (at the shape's,
+    possibly shallow, values) as the released file's "config" entry holds them; None for other shapes."""
+    if not shape.file_config:
+        return None
+    return {"config": json.dumps({"transformer": {k: shape.config[k] for k in shape.file_config}})}
+
+
+def detect(state_dict: dict, metadata: dict | None = None) -> tuple[str, dict] | None:
     """(supported-model class name, unet_config) that ComfyUI's detection (the steps of
     comfy.sd.load_diffusion_model_state_dict) picks for a diffusion-model state dict; meta tensors do.
     The pack's own header check (nodes/preflight.py) runs the same steps before every launch."""
     from PipeTrain.nodes.preflight import model_config
 
-    config, _, _ = model_config(state_dict)
+    config, _, _ = model_config(state_dict, metadata)
     return None if config is None else (type(config).__name__, dict(config.unet_config))
 
 
 def detected(shape: Shape) -> tuple[str, dict] | None:
     """What ComfyUI's detection makes of the file write_random(shape) writes (read from a meta build)."""
-    return detect(build(shape).diffusion_model.state_dict())
+    return detect(build(shape).diffusion_model.state_dict(), file_metadata(shape))
 
 
 def param_count(shape: Shape) -> int:
@@ -351,7 +362,7 @@ def write_random(shape: Shape, path: str | Path, seed: int = 0) -> int:
     state = random_state(build(shape).diffusion_model, seed)
     count = sum(t.numel() for t in state.values())
     tmp = Path(f"{path}.tmp")
-    save_file(state, str(tmp))
+    save_file(state, str(tmp), metadata=file_metadata(shape))
     tmp.replace(path)
     return count
 

@@ -10,10 +10,8 @@ plus the widths and depths it reads from tensors, at their released values. Wher
 not give a released value, the comment says where it comes from. Text widths are the text encoders'
 (comfy/text_encoders/*), tokens the encoder's padding or a 256-token caption where it does not pad.
 
-LTX 2.3 (LTXAV) is left out: its block trains with PipeTrain's out-of-place forward
-(engine/patches/ltxav.py), but it takes only the packed video + audio latent (with audio frames), which
-the cache does not write yet, so the engine stops an LTXAV run from a cache before its first step
-(docs/supported-models.md).
+LTX 2.3 (LTXAV) reads most of its configuration from the file's metadata ("config" -> "transformer"),
+not from its tensors: its shape lists those keys in `file_config`, and write_random writes them there.
 """
 from __future__ import annotations
 
@@ -96,9 +94,34 @@ SHAPES_033["minimax_h3_t2v"] = dict(_MINIMAX_H3, video=True)
 # With its sound, as Cache Latents' audio_vae packs it: 40 audio latent frames (a second at 40 per second).
 SHAPES_033["minimax_h3_t2v_audio"] = dict(_MINIMAX_H3, video=True, audio_stream=(32, 2, 40))
 
+# LTX 2.3 (22 B): detection reads the depth and two widths from the tensors and takes the rest from the
+# file's metadata transformer section. Values as the released ltx-2.3-22b files declare them (public copies
+# of that section, e.g. in FastVideo's and LTX-2 ports' loaders): 48 layers; video 32 heads x 128 (4096),
+# audio 32 x 64 (2048); cross-attention adaLN, gated attention in blocks and connectors; the caption
+# projection before the 8-layer text connectors (128 registers), done by the text encoder's dual projection,
+# so the cached text is 4096 + 2048 wide and flagged unprocessed (extra_conds runs the connectors, frozen).
+# Trained as ComfyUI's sampler packs its latent: video [128, T, h, w] (32x, 8 frames per latent frame) then
+# audio [8, T, 16] at 25 latent frames a second (16 kHz, hop 160, 4x down), one second here.
+_LTX23_FILE = dict(num_layers=48, num_attention_heads=32, attention_head_dim=128, cross_attention_dim=4096,
+                   audio_num_attention_heads=32, audio_attention_head_dim=64, audio_cross_attention_dim=2048,
+                   caption_channels=3840, in_channels=128, positional_embedding_theta=10000.0,
+                   positional_embedding_max_pos=[20, 2048, 2048], audio_positional_embedding_max_pos=[20],
+                   timestep_scale_multiplier=1000, av_ca_timestep_scale_multiplier=1000.0,
+                   causal_temporal_positioning=True, use_middle_indices_grid=True, apply_gated_attention=True,
+                   connector_apply_gated_attention=True, connector_attention_head_dim=128,
+                   connector_num_attention_heads=32, connector_num_layers=8, audio_connector_attention_head_dim=64,
+                   audio_connector_num_attention_heads=32, caption_projection_first_linear=False,
+                   caption_proj_before_connector=True, cross_attention_adaln=True, rope_type="split",
+                   frequencies_precision="float64")
+SHAPES_033["ltx23_t2v"] = dict(family="LTXAV", config=dict(image_model="ltxav", use_keyframes_abs_pos_embedding=False,
+                                                           **_LTX23_FILE),
+                               file_config=tuple(_LTX23_FILE), text_tokens=256, text_dim=4096 + 2048,
+                               extras={"unprocessed_ltxav_embeds": True}, latent_channels=128, video=True,
+                               spatial=32, temporal=8, audio_stream=(8, 25, 16), depth_keys=("num_layers",))
+
 # What the host ComfyUI must have for each shape (Flux 2 is older than Klein, whose own part is its text encoder).
 NEEDS = {"flux2_klein_4b": "comfy.text_encoders.flux.klein_te", "flux2_klein_9b": "comfy.text_encoders.flux.klein_te",
          "anima": "comfy.supported_models.Anima", "ernie_image": "comfy.supported_models.ErnieImage",
          "ideogram4": "comfy.supported_models.Ideogram4", "krea2": "comfy.supported_models.Krea2",
          "minimax_h3_t2i": "comfy.supported_models.MiniMaxH3", "minimax_h3_t2v": "comfy.supported_models.MiniMaxH3",
-         "minimax_h3_t2v_audio": "comfy.supported_models.MiniMaxH3"}
+         "minimax_h3_t2v_audio": "comfy.supported_models.MiniMaxH3", "ltx23_t2v": "comfy.supported_models.LTXAV"}

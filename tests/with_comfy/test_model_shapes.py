@@ -215,19 +215,23 @@ def test_a_written_shallow_file_loads_through_comfyui_as_its_family(comfy, name,
 LATENT_033 = {"flux2_klein_4b": (128, 64, 64), "flux2_klein_9b": (128, 64, 64), "anima": (16, 1, 128, 128),
               "ernie_image": (128, 64, 64), "ideogram4": (128, 64, 64), "krea2": (16, 1, 128, 128),
               "minimax_h3_t2i": (1, 24 * 64 * 64), "minimax_h3_t2v": (1, 24 * 9 * 32 * 32),
-              "minimax_h3_t2v_audio": (1, 24 * 9 * 32 * 32 + 32 * 2 * 40)}
+              "minimax_h3_t2v_audio": (1, 24 * 9 * 32 * 32 + 32 * 2 * 40),
+              "ltx23_t2v": (1, 128 * 5 * 16 * 16 + 8 * 25 * 16)}
 # The tiny family (tests/family_configs_033.py) whose cached conditioning each shape must reproduce.
 TINY_033 = {"flux2_klein_4b": "flux2_klein", "flux2_klein_9b": "flux2_klein", "anima": "anima",
             "ernie_image": "ernie_image", "ideogram4": "ideogram4", "krea2": "krea2",
             "minimax_h3_t2i": "minimax_h3_t2i", "minimax_h3_t2v": "minimax_h3_t2v",
-            "minimax_h3_t2v_audio": "minimax_h3_t2v_audio"}
-# The layer that reads the text (key, dim, multiple): its input width x multiple = the shape's text_dim.
+            "minimax_h3_t2v_audio": "minimax_h3_t2v_audio", "ltx23_t2v": "ltxav_t2v"}
+# The layer that reads the text (key, dim, multiple): its input width x multiple = the shape's text_dim;
+# LTX 2.3's text is split between two connectors (keys: the widths add up).
 TEXT_IN_033 = {"flux2_klein_4b": ("txt_in.weight", 1, 1), "flux2_klein_9b": ("txt_in.weight", 1, 1),
                "anima": ("llm_adapter.blocks.0.cross_attn.k_proj.weight", 1, 1), "ernie_image": ("text_proj.weight", 1, 1),
                "ideogram4": ("llm_cond_proj.weight", 1, 1),
                "krea2": ("txtfusion.layerwise_blocks.0.prenorm.scale", 0, 12),  # 12 stacked Qwen3-VL layers
                "minimax_h3_t2i": ("condition_proj.weight", 1, 1), "minimax_h3_t2v": ("condition_proj.weight", 1, 1),
-               "minimax_h3_t2v_audio": ("condition_proj.weight", 1, 1)}
+               "minimax_h3_t2v_audio": ("condition_proj.weight", 1, 1),
+               "ltx23_t2v": (("video_embeddings_connector.transformer_1d_blocks.0.attn1.to_q.weight",
+                              "audio_embeddings_connector.transformer_1d_blocks.0.attn1.to_q.weight"), 1, 1)}
 
 
 @pytest.mark.parametrize("name", CORE_033)
@@ -237,6 +241,7 @@ def test_033_latent_text_width_and_conditioning_are_the_tiny_familys(comfy, name
     import comfy.supported_models
     import torch
     from family_configs_033 import FAMILIES
+    from family_configs_033_more import LTXAV
 
     _skip_on_older_host(name)
     shape = ms.SHAPES[name]
@@ -244,9 +249,11 @@ def test_033_latent_text_width_and_conditioning_are_the_tiny_familys(comfy, name
     assert latent == LATENT_033[name]
     if not shape.audio_stream:  # (MiniMax H3's packed format counts its widest stream: 32, the audio's)
         assert latent[0] == getattr(comfy.supported_models, shape.family).latent_format.latent_channels
-    key, dim, multiple = TEXT_IN_033[name]
-    assert _shapes(ms.build(ms.shallow(shape, 1)))[key][dim] * multiple == shape.text_dim
-    tiny = next(f for f in FAMILIES if f.name == TINY_033[name])
+    keys, dim, multiple = TEXT_IN_033[name]
+    built = _shapes(ms.build(ms.shallow(shape, 1)))
+    keys = (keys,) if isinstance(keys, str) else keys
+    assert sum(built[key][dim] for key in keys) * multiple == shape.text_dim
+    tiny = next(f for f in [*FAMILIES, LTXAV] if f.name == TINY_033[name])
     want = tiny.extras(torch.Generator().manual_seed(0))
     cond = ms.sample_cond(shape, size=512 if shape.video else 1024, frames=33 if shape.video else 1)
     assert set(cond["extras"]) == set(want)
