@@ -44,8 +44,10 @@ def write_cache(root: Path, shape: Shape, size: int, frames: int = 1, items: int
 
 
 def run_engine(name: str, model: str, cache: str, out: Path, *, gpus: int, steps: int, grad_accum: int = 1,
-               stages: int = 1, split: str = "", memory: dict[str, Any] | None = None) -> dict[str, Any]:
-    """One training run through engine.launch.launcher; step times from its events (median after 2 warm-up steps)."""
+               stages: int = 1, split: str = "", memory: dict[str, Any] | None = None,
+               lora: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One training run through engine.launch.launcher; step times from its events (median after 2 warm-up steps).
+    memory / lora: MemorySpec / LoraSpec fields over the defaults (LoRA rank 32 on every block linear)."""
     import torch
     from PipeTrain.engine.launch import launcher
     from PipeTrain.engine.config.launch import LaunchSpec
@@ -59,7 +61,7 @@ def run_engine(name: str, model: str, cache: str, out: Path, *, gpus: int, steps
     run_dir.mkdir(parents=True)
     fields = dict(memory or {})
     cfg = RunConfig(run_name=name, run_dir=str(run_dir), comfyui_root=os.environ["COMFYUI_PATH"], model_path=model,
-                    cache_dir=cache, lora=LoraSpec(rank=32, targets="all_linear"),
+                    cache_dir=cache, lora=LoraSpec(**{"rank": 32, "targets": "all_linear", **(lora or {})}),
                     memory=MemorySpec(base_dtype=fields.pop("base_dtype", "bfloat16"), pipeline_stages=stages,
                                       pipeline_split=split, **fields),
                     train=TrainSpec(steps=steps, learning_rate=1e-4, batch_size=1, grad_accum=grad_accum, seed=0),

@@ -34,16 +34,25 @@ OPTIONS = {  # name -> MemorySpec fields
     "compile_graphs": {"compile_blocks": True, "compile_mode": "cuda_graphs"},
     "compile_graphs_ckpt": {"activation_checkpointing": "on", "compile_blocks": True, "compile_mode": "cuda_graphs"},
 }
+# Full fine-tunes (every block weight trained, in bf16: lora.kind full, lora.dtype bfloat16), checkpointed:
+# name -> (MemorySpec fields, LoraSpec fields). MFU is left out for them (the FLOPs count is a LoRA's).
+FULL_OPTIONS = {
+    "full_ckpt_8bit": ({"activation_checkpointing": "on", "optimizer": "adamw8bit_kahan"},
+                       {"kind": "full", "dtype": "bfloat16"}),
+    "full_ckpt_offload": ({"activation_checkpointing": "on", "optimizer": "adamw_cpu_offload"},
+                          {"kind": "full", "dtype": "bfloat16"}),
+}
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True, help="folder for model files, caches and run folders")
     parser.add_argument("--models", default="flux_dev,sdxl")
-    parser.add_argument("--options", default="eager,compile,ckpt,compile_ckpt", help=", ".join(OPTIONS))
+    parser.add_argument("--options", default="eager,compile,ckpt,compile_ckpt", help=", ".join([*OPTIONS, *FULL_OPTIONS]))
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--grad-accum", type=int, default=4)
-    parser.add_argument("--cleanup", action="store_true", help="delete each model file after its runs (disk)")
+    parser.add_argument("--cleanup", action="store_true",
+                        help="delete each model file after its runs, and what full fine-tunes saved (disk)")
     args = parser.parse_args()
 
     setup(pytorch_attention=True)
@@ -65,10 +74,14 @@ def main() -> int:
             print(f"{name}: {params / 1e9:.2f} B params written in {time.time() - t0:.0f} s", flush=True)
         cache = write_cache(out, shape, res["size"], res["frames"])
         for option in args.options.split(","):
+            memory, lora = FULL_OPTIONS.get(option) or (OPTIONS[option], None)
             result = run_engine(f"{name}_{option}", str(model), cache, out, gpus=1, steps=args.steps,
-                                grad_accum=args.grad_accum, memory=OPTIONS[option])
+                                grad_accum=args.grad_accum, memory=memory, lora=lora)
             rows.append({"model": name, "option": option, **result})
             print(json.dumps(rows[-1]), flush=True)
+            if args.cleanup and option in FULL_OPTIONS:  # a full fine-tune's saved model is as big as the base
+                for saved in (out / f"{name}_{option}").rglob("*.safetensors"):
+                    saved.unlink()
         if args.cleanup:
             model.unlink()
     peak = measured_peak_tflops() if torch.cuda.is_available() else 0.0
@@ -76,7 +89,7 @@ def main() -> int:
     (out / "throughput.json").write_text(json.dumps({"peak_tflops": peak, "model_tflops": flops, "rows": rows}, indent=1))
     print(f"\nbf16 matmul peak measured: {peak:.0f} TFLOP/s; model TFLOP per sample: "
           + ", ".join(f"{m} {v:.1f}" for m, v in sorted(flops.items())))
-    print(f"LoRA r32 on every block linear, bf16, batch 1, grad_accum {args.grad_accum}, 1 GPU\n")
+    print(f"LoRA r32 on every block linear (full_*: every block weight), bf16, batch 1, grad_accum {args.grad_accum}, 1 GPU\n")
     print("| model | resolution | option | samples/s | ms/sample | MFU | peak GiB | launch -> first loss s |")
     print("|---|---|---|---|---|---|---|---|")
     for r in rows:
@@ -85,7 +98,7 @@ def main() -> int:
         if "error" in r:
             print(f"| {r['model']} | {dims} | {r['option']} | {r['error']} | | | | |")
             continue
-        mfu = f"{flops[r['model']] / (r['ms_per_sample'] / 1000) / peak:.0%}" if peak else "-"
+        mfu = f"{flops[r['model']] / (r['ms_per_sample'] / 1000) / peak:.0%}" if peak and r["option"] in OPTIONS else "-"
         print(f"| {r['model']} | {dims} | {r['option']} | {r['samples_per_s']:.2f} | {r['ms_per_sample']:.0f} | {mfu} | "
               f"{r['peak_gib']:.1f} | {r['launch_to_first_step_s']:.0f} |")
     print_setup_phases(rows)
