@@ -4,7 +4,7 @@ One JSON object per line, appended and flushed by rank 0 only. Kinds: started, s
 sample, saved, checkpoint, warning, cancelled, done, error; memory_plan and memory_plan_check for memory
 plan 'fit' (engine/train/fit_setup.py). A step carries its loss, lr and grad_norm
 (the LoRA's gradient norm before clipping, engine/train/grad_norm.py); saved and done name the EMA
-file too when train.ema_decay keeps one (ema_path, lora_ema). The reader side (`EventTail`) is used
+file too when train.ema_decay keeps one (ema_path; lora_ema, or model_ema for a full fine-tune). The reader side (`EventTail`) is used
 by the node that tails a running engine; it only ever returns complete lines. `read_events` and
 `history` read a whole run back (the run-dir reader nodes), `iter_events` one event at a time (the
 UI's snapshot after a page reload).

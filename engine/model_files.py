@@ -1,5 +1,6 @@
 """The diffusion-model files a full fine-tune (lora.kind = "full") writes in <run_dir>/model/:
-model_step<N>.safetensors at train.save_every and model_final.safetensors at the end. Each holds the whole
+model_step<N>.safetensors at train.save_every and model_final.safetensors at the end, and with
+train.ema_decay the EMA model beside each one (<name>_ema.safetensors, engine/lora_files.py). Each holds the whole
 diffusion model's state dict in ComfyUI's own key format (no prefix), bfloat16, which ComfyUI's
 UNETLoader / comfy.sd.load_diffusion_model read from models/diffusion_models/. Shared by the server and the
 ranks: torch only inside the function that converts.
@@ -7,6 +8,8 @@ ranks: torch only inside the function that converts.
 from __future__ import annotations
 
 from pathlib import Path
+
+from .lora_files import ema_file, is_ema_file
 
 FOLDER = "model"
 FINAL = "model_final.safetensors"
@@ -17,13 +20,15 @@ def step_file(step: int) -> str:
     return f"model_step{step:06d}.safetensors"
 
 
-def newest_model(run_dir: str | Path) -> Path | None:
-    """model_final.safetensors of the run, else its newest model_step file, else None."""
+def newest_model(run_dir: str | Path, ema: bool = False) -> Path | None:
+    """model_final.safetensors of the run, else its newest model_step file, else None; with `ema`, the EMA
+    model saved beside that file (None where the run kept no EMA)."""
     folder = Path(run_dir) / FOLDER
-    if (folder / FINAL).is_file():
-        return folder / FINAL
-    steps = sorted(folder.glob("model_step*.safetensors"))
-    return steps[-1] if steps else None
+    steps = sorted(p for p in folder.glob("model_step*.safetensors") if not is_ema_file(p))
+    newest = folder / FINAL if (folder / FINAL).is_file() else (steps[-1] if steps else None)
+    if newest is None or not ema:
+        return newest
+    return ema_file(newest) if ema_file(newest).is_file() else None
 
 
 def in_save_dtype(tensors: dict, dtype: str) -> dict:

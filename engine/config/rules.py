@@ -58,9 +58,9 @@ def check_pipeline_backend(memory: "MemorySpec", launch: "LaunchSpec") -> None:
           f"'{launch.backend}'): install it (pip install deepspeed, Linux) or set pipeline_stages to 1.")
 
 
-def check_full_finetune(lora: "LoraSpec", memory: "MemorySpec", train: "TrainSpec") -> None:
+def check_full_finetune(lora: "LoraSpec", memory: "MemorySpec") -> None:
     """A full fine-tune (lora.kind full) trains the model's own weights: not in fp8, not while block swap moves
-    them between CPU and GPU, in one pipeline stage, and without an EMA (a second copy of every weight)."""
+    them between CPU and GPU. (Its EMA lives in CPU memory: engine/train/ema.py.)"""
     if lora.kind != "full":
         return
     check(not memory.base_dtype.startswith("float8"),
@@ -70,9 +70,6 @@ def check_full_finetune(lora: "LoraSpec", memory: "MemorySpec", train: "TrainSpe
           f"a full fine-tune does not work with block swap yet (memory.block_swap {memory.block_swap}: it moves "
           "frozen blocks, the trained ones would lose their optimizer state): set block_swap to 0, and use "
           "activation checkpointing and an 8-bit or CPU-offload optimizer to save memory.")
-    check(train.ema_decay == 0,
-          f"a full fine-tune keeps no EMA yet (train.ema_decay {train.ema_decay:g} would hold a second copy of every "
-          "trained weight): set ema_decay to 0.")
 
 
 def data_parallel_size(gpus: int, stages: int, nodes: int = 1) -> int:

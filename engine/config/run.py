@@ -81,7 +81,7 @@ class RunConfig:
         check_objective_settings(self.objective, self.train)
         check_cfg_augment(self.objective, self.memory)
         check_pipeline_backend(self.memory, self.launch)
-        check_full_finetune(self.lora, self.memory, self.train)
+        check_full_finetune(self.lora, self.memory)
         check_gguf_base(self.model_path, self.lora, self.memory, len(self.base_loras))
         nodes = self.launch.nodes()  # with a hostfile, engine/launch/cluster.py checks this once it is read
         if nodes:

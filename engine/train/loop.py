@@ -212,7 +212,7 @@ def train(cfg: RunConfig, device: torch.device, events: EventLog, phases: SetupP
     # The EMA of this rank's LoRA weights (train.ema_decay; engine/train/ema.py), by the names the files use.
     trained = ({lora_names[id(p)]: p for p in engine.module.parameters() if id(p) in lora_names} if pipelined else
                trained_parameters(model.diffusion_model, cfg.lora))
-    ema = start_ema(t, trained, resumed_from, start_step, events)
+    ema = start_ema(t, trained, resumed_from, start_step, events, device=torch.device("cpu") if full else None)
     if rank == 0 and replicas_before not in (None, replicas):
         elastic.report(events, start_step, replicas_before, replicas, world)
     if changes and rank == 0:
@@ -260,33 +260,33 @@ def train(cfg: RunConfig, device: torch.device, events: EventLog, phases: SetupP
         return stopping
 
     def save_lora(name: str, step: int) -> None:
-        if full:  # the whole diffusion model, bf16, ComfyUI's keys (engine/model_files.py)
-            # Pipelined, each stage trained its own blocks: rank 0 takes theirs over its copy (a collective).
-            staged = pipeline.gather_weights(engine.module, lora_names) if pipelined else None
-            if rank == 0:
-                from .lora import save_lora as write
-                path = run_dir / model_files.FOLDER / name
-                write(path, model_tensors(model.diffusion_model, staged), {**meta, "pipetrain_steps": str(step)})
-                events.emit("saved", step=step, path=str(path))
-            return
-        # Pipelined, every stage holds part of the LoRA: gathering it is a collective on all ranks.
+        # Pipelined, every stage holds part of the trained weights and of their EMA: gathering them is a
+        # collective on all ranks; rank 0 writes.
         if pipelined:
             named = pipeline.gather_weights(engine.module, lora_names)
             averaged = pipeline.gather_named(ema.tensors()) if ema else None
         else:
-            named = lora_tensors(model.diffusion_model) if rank == 0 else None
+            named = (None if full else lora_tensors(model.diffusion_model)) if rank == 0 else None
             averaged = ema.tensors() if ema and rank == 0 else None
-        if named is not None:
-            from .lora import save_lora as write
-            path, more = run_dir / "lora" / name, {}
-            # DoRA's file is made against the base weights (every rank holds them; pipelined ones on the CPU)
-            write(path, lora_state_dict(named, cfg.lora, model.diffusion_model), {**meta, "pipetrain_steps": str(step)})
+        if rank != 0:
+            return
+        from .lora import save_lora as write
+        if full:  # the whole diffusion model, bf16, ComfyUI's keys (engine/model_files.py); pipelined, the
+            # other stages' trained blocks over rank 0's copy; the EMA file: the averages in their place
+            path = run_dir / model_files.FOLDER / name
+            files = {path: model_tensors(model.diffusion_model, named)}
+            if averaged is not None:
+                files[ema_file(path)] = model_tensors(model.diffusion_model, averaged)
+        else:  # DoRA's file is made against the base weights (every rank holds them; pipelined ones on the CPU)
+            path = run_dir / "lora" / name
+            files = {path: lora_state_dict(named, cfg.lora, model.diffusion_model)}
             if averaged is not None:  # fp32, the key format of the plain file
-                more["ema_path"] = str(ema_file(path))
-                write(ema_file(path), lora_state_dict(averaged, cfg.lora, model.diffusion_model),
-                      {**meta, "pipetrain_steps": str(step), "pipetrain_ema_decay": str(t.ema_decay),
-                       "pipetrain_ema_start_step": str(t.ema_start_step)})
-            events.emit("saved", step=step, path=str(path), **more)
+                files[ema_file(path)] = lora_state_dict(averaged, cfg.lora, model.diffusion_model)
+        for target, tensors in files.items():
+            extra = ({"pipetrain_ema_decay": str(t.ema_decay), "pipetrain_ema_start_step": str(t.ema_start_step)}
+                     if target != path else {})
+            write(target, tensors, {**meta, "pipetrain_steps": str(step), **extra})
+        events.emit("saved", step=step, path=str(path), **({"ema_path": str(ema_file(path))} if averaged else {}))
 
     def save_checkpoint(step: int) -> None:
         tag = checkpoints.tag_for(step)
@@ -366,7 +366,8 @@ def train(cfg: RunConfig, device: torch.device, events: EventLog, phases: SetupP
 
     save_lora(final.name, step)
     events.emit("done", step=step, total=total_steps, loss=loss, **{"model" if full else "lora": str(final)},
-                **({"lora_ema": str(ema_file(final))} if ema else {}), seconds=round(time.time() - launched, 2))
+                **({("model_ema" if full else "lora_ema"): str(ema_file(final))} if ema else {}),
+                seconds=round(time.time() - launched, 2))
     _close(tb)
     return 0
 

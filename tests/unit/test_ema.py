@@ -13,7 +13,7 @@ from PipeTrain.engine.config.checks import ConfigError
 from PipeTrain.engine.config.revisions import result_changes
 from PipeTrain.engine.config.sections import TrainSpec
 from PipeTrain.engine.lora_files import ema_file, is_ema_file
-from PipeTrain.engine.train.ema import EMA_FILE, LoraEma, ema_update, start_ema, write_state
+from PipeTrain.engine.train.ema import EMA_FILE, WeightEma, ema_update, start_ema, write_state
 from PipeTrain.engine.train.grad_norm import last_grad_norm, total_norm
 
 
@@ -27,14 +27,14 @@ def test_the_update_is_decay_times_the_average_plus_the_rest_times_the_weights()
 
 def test_up_to_the_start_step_the_copy_is_the_weights_then_it_averages():
     w = torch.nn.Parameter(torch.tensor([0.0, 8.0]))
-    ema = LoraEma({"a.lora_A.default.weight": w}, decay=0.5, start_step=2)
+    ema = WeightEma({"a.lora_A.default.weight": w}, decay=0.5, start_step=2)
     for step, value in ((1, [2.0, 4.0]), (2, [4.0, 0.0]), (3, [8.0, 2.0]), (4, [0.0, 0.0])):
         with torch.no_grad():
             w.copy_(torch.tensor(value))
         ema.update(step)
     # step 2: the weights [4, 0]; step 3: 0.5 * [4, 0] + 0.5 * [8, 2] = [6, 1]; step 4: 0.5 * [6, 1] = [3, 0.5]
     assert ema.tensors()["a.lora_A.default.weight"].tolist() == [3.0, 0.5]
-    from_zero = LoraEma({"w": torch.nn.Parameter(torch.tensor([2.0]))}, decay=0.5, start_step=0)
+    from_zero = WeightEma({"w": torch.nn.Parameter(torch.tensor([2.0]))}, decay=0.5, start_step=0)
     from_zero.params["w"].data.fill_(4.0)
     from_zero.update(1)  # start 0: the first step averages with the untrained weights
     assert from_zero.tensors()["w"].tolist() == [3.0]
@@ -42,7 +42,7 @@ def test_up_to_the_start_step_the_copy_is_the_weights_then_it_averages():
 
 def test_the_state_goes_to_a_checkpoint_and_back(tmp_path):
     w = torch.nn.Parameter(torch.tensor([1.0, 2.0]))
-    ema = LoraEma({"w": w}, decay=0.9, start_step=0)
+    ema = WeightEma({"w": w}, decay=0.9, start_step=0)
     ema.average["w"].fill_(7.0)
     write_state(tmp_path / "step000004", ema.tensors())
     assert (tmp_path / "step000004" / EMA_FILE).is_file()
@@ -103,7 +103,8 @@ def test_save_lora_copies_the_chosen_weights_and_says_how_to_get_missing_ones(tm
     with pytest.raises(ConfigError, match="weights is 'newest'"):
         source_file(run, "newest")
     optional = PipeTrainSaveLoRA.INPUT_TYPES()["optional"]
-    assert list(optional)[-1] == "weights" and optional["weights"][1]["default"] == "plain"
+    # weights was appended after strength; model_low_noise (Wan 2.2 experts) after it
+    assert list(optional)[-2:] == ["weights", "model_low_noise"] and optional["weights"][1]["default"] == "plain"
 
 
 def test_the_gradient_norm_is_over_every_gradient_as_one_vector():

@@ -136,7 +136,6 @@ FULL = LoraSpec(kind="full")
 @pytest.mark.parametrize("change,needle", [
     (dict(memory=MemorySpec(base_dtype="float8_e4m3fn")), "cannot train fp8 weights (memory.base_dtype"),
     (dict(memory=MemorySpec(block_swap=4)), "does not work with block swap yet (memory.block_swap 4"),
-    (dict(train=TrainSpec(ema_decay=0.999)), "keeps no EMA yet (train.ema_decay 0.999"),
     (dict(lora=dataclasses.replace(FULL, init_from="a.safetensors")), "kind 'full' trains the model itself"),
 ])
 def test_what_a_full_finetune_cannot_do_is_refused_with_the_fix(change, needle):
@@ -214,6 +213,27 @@ def test_save_model_writes_loadable_files_and_never_overwrites_unasked(finished_
     fp8_out = _denoise(fp8_model)  # and computes with them in a higher precision
     # 3 mantissa bits (and this tiny model's small weights near fp8's subnormals): about 10% off here
     assert torch.isfinite(fp8_out).all() and (fp8_out - bf16_out).norm() / bf16_out.norm() < 0.2
+
+
+def test_save_model_takes_the_ema_model_and_refuses_it_where_the_run_kept_none(finished_run, tmp_path, monkeypatch):
+    from safetensors.torch import load_file, save_file
+
+    from PipeTrain.nodes import compat
+    from PipeTrain.nodes.save_model import PipeTrainSaveModel
+
+    run, sd = finished_run
+    monkeypatch.setattr(compat, "first_folder", lambda folder: str(tmp_path / "models" / folder))
+    assert PipeTrainSaveModel.INPUT_TYPES()["optional"]["weights"][1]["tooltip"]
+    with pytest.raises(ConfigError, match="kept no EMA weights .*model_final_ema.safetensors.*ema_decay above 0"):
+        PipeTrainSaveModel().save(run, "anna", overwrite=False, weights="ema")
+    averaged = {k: v * 0.5 for k, v in sd.items()}
+    save_file(averaged, str(tmp_path / "run" / "model" / "model_final_ema.safetensors"))
+    PipeTrainSaveModel().save(run, "anna", overwrite=False, weights="ema")
+    written = load_file(str(tmp_path / "models" / "diffusion_models" / "pipetrain" / "anna.safetensors"))
+    assert all(torch.equal(written[k], averaged[k]) for k in sd)
+    PipeTrainSaveModel().save(run, "anna_plain", overwrite=False)  # plain: the model file, not the EMA beside it
+    written = load_file(str(tmp_path / "models" / "diffusion_models" / "pipetrain" / "anna_plain.safetensors"))
+    assert all(torch.equal(written[k], sd[k]) for k in sd)
 
 
 def test_save_model_refuses_a_lora_run(finished_run, tmp_path, monkeypatch):
