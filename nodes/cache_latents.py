@@ -97,8 +97,9 @@ class PipeTrainCacheLatents:
                 "default": 1, "min": 1, "max": 64,
                 "tooltip": "Encode on this many GPUs at once, one process each (CPU processes where there is no "
                            "GPU), as `python -m engine cache` does from a shell; the cache is the same. Above 1, "
-                           "vae, clip and clip_vision must come straight from loader nodes (VAELoader, CLIPLoader, "
-                           "DualCLIPLoader, CheckpointLoaderSimple, ...): each process loads those files itself."}),
+                           "vae, clip, clip_vision and audio_vae must come straight from loader nodes (VAELoader, "
+                           "CLIPLoader, DualCLIPLoader, CheckpointLoaderSimple, Load LTXV Audio VAE, ...): each "
+                           "process loads those files itself."}),
             "audio_vae": ("VAE", {
                 "tooltip": "For models that make sound with the video (LTX 2.3 / 2.0, MiniMax H3; ComfyUI 0.33+): "
                            "connect Load LTXV Audio VAE (LTX) or Load VAE with the H3 audio VAE. Each clip's audio "
@@ -124,9 +125,6 @@ class PipeTrainCacheLatents:
         with the same encoders; returns (CacheSpec listing every part's cache, the report's lines, its rows by
         reason). gpus above 1: the ranks encode first (nodes/cache_on_ranks.py), then this finds every item cached."""
         parts = dataset.parts
-        if audio_vae is not None and gpus > 1:
-            raise CacheError("audio_vae caches on one process for now: set gpus to 1 (or leave audio_vae "
-                             "unconnected).")
         for number, part in enumerate(parts, start=1):  # every part's conflicts before any is encoded
             conflict = control_style_conflict(control_style, first_frame_conditioning, part.control_folder)
             if audio_vae is not None:
@@ -142,7 +140,8 @@ class PipeTrainCacheLatents:
         ranks = dict(first_frame_conditioning=first_frame_conditioning, first_frame_style=first_frame_style,
                      control_style=control_style, clip_vision_crop=clip_vision_crop)
         done = [self._encode_part(part, vae, clip, regenerate, options, identity, trust_cache, gpus, ranks,
-                                  encoder_files(prompt, unique_id, clip_vision is not None) if gpus > 1 else None)
+                                  encoder_files(prompt, unique_id, clip_vision is not None, audio_vae is not None)
+                                  if gpus > 1 else None)
                 for part in parts]
         if len(done) == 1:
             return done[0]

@@ -31,7 +31,7 @@ def cache_on_ranks(dataset: DatasetSpec, files: dict, processes: int, identity: 
     cfg = CacheConfig(comfyui_root=compat.comfyui_root(), dataset=dataset, vae=files.get("vae", ""),
                       clip=tuple(files.get("clip", ())), clip_type=files.get("clip_type", "stable_diffusion"),
                       checkpoint=files.get("checkpoint", ""), clip_vision=files.get("clip_vision", ""),
-                      regenerate=regenerate, processes=processes, expect_identity=identity, **options)
+                      audio_vae=files.get("audio_vae", ""), regenerate=regenerate, processes=processes, expect_identity=identity, **options)
     cfg.validate()
     with tempfile.TemporaryDirectory(prefix="pipetrain-cache-") as folder:
         config_path, log_path = Path(folder) / "cache.json", Path(folder) / "cache.log"

@@ -25,7 +25,11 @@ LOADERS: dict[str, dict[int, tuple[str, tuple[tuple[str, str], ...]]]] = {
     "CheckpointLoaderSimple": {1: ("checkpoint", (("ckpt_name", "checkpoints"),)),
                                2: ("checkpoint", (("ckpt_name", "checkpoints"),))},
     "CLIPVisionLoader": {0: ("clip_vision", (("clip_name", "clip_vision"),))},
+    "LTXVAudioVAELoader": {0: ("audio_vae", (("ckpt_name", "checkpoints"),))},  # ComfyUI 0.33+
 }
+# the kinds each CacheLatents input takes (audio_vae: Load LTXV Audio VAE's checkpoint, or a VAELoader's file)
+TAKES = {"vae": ("vae", "checkpoint"), "clip": ("clip", "checkpoint"), "clip_vision": ("clip_vision",),
+         "audio_vae": ("audio_vae", "vae")}
 FOLLOWED = ", ".join(LOADERS)
 
 
@@ -51,17 +55,18 @@ def _files(kind: str, node: dict, names: tuple[tuple[str, str], ...]) -> list[st
     return out
 
 
-def encoder_files(prompt: Any, node_id: Any, with_clip_vision: bool) -> dict[str, Any]:
-    """The cache config's encoder settings (vae, clip, clip_type, checkpoint, clip_vision) for the
+def encoder_files(prompt: Any, node_id: Any, with_clip_vision: bool, with_audio_vae: bool = False) -> dict[str, Any]:
+    """The cache config's encoder settings (vae, clip, clip_type, checkpoint, clip_vision, audio_vae) for the
     CacheLatents node `node_id` of the queued `prompt`."""
     if not isinstance(prompt, dict) or node_id is None:
         raise ConfigError("gpus above 1 needs the queued graph to find the encoder files, and ComfyUI did not pass it "
                           "(the node was called outside a queued prompt): set gpus to 1.")
     found: dict[str, Any] = {}
-    for input_name in ("vae", "clip") + (("clip_vision",) if with_clip_vision else ()):
+    inputs = ("vae", "clip") + (("clip_vision",) if with_clip_vision else ()) + (("audio_vae",) if with_audio_vae else ())
+    for input_name in inputs:
         cls, node, output = _source(prompt, node_id, input_name)
         given = LOADERS.get(cls, {}).get(output)
-        if given is None:
+        if given is None or given[0] not in TAKES[input_name]:
             raise ConfigError(f"CacheLatents' {input_name} comes from {cls}, which the GPU processes cannot rebuild "
                               f"from files: connect it straight from a loader ({FOLLOWED}), or set gpus to 1 to "
                               "cache with the graph's own encoders.")
@@ -75,6 +80,6 @@ def encoder_files(prompt: Any, node_id: Any, with_clip_vision: bool) -> dict[str
         elif kind == "clip":
             found["clip"] = files
             found["clip_type"] = str((node.get("inputs") or {}).get("type", "stable_diffusion"))
-        else:
-            found[kind] = files[0]
+        else:  # a VAELoader feeding audio_vae gives the audio VAE
+            found[input_name] = files[0]
     return found

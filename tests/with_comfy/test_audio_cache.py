@@ -76,14 +76,15 @@ def write_av(path, seconds_audio: float, rate: int, channels: int, frames: int =
     return path
 
 
-def _cache(folder, encoders, audio_vae, **load):  # noqa: F811
+def _cache(folder, encoders, audio_vae, gpus: int = 1, prompt=None, unique_id=None, **load):  # noqa: F811
     from PipeTrain.nodes.cache_latents import PipeTrainCacheLatents
     from PipeTrain.nodes.load_dataset import PipeTrainLoadDataset
 
     video_vae, _, clip = encoders
     (spec,) = PipeTrainLoadDataset().load(folders=str(folder), resolution=SIZE, repeats=1, video_frames=FRAMES,
                                           **load)
-    return PipeTrainCacheLatents().encode(spec, video_vae, clip, False, audio_vae=audio_vae)
+    return PipeTrainCacheLatents().encode(spec, video_vae, clip, False, audio_vae=audio_vae, gpus=gpus, prompt=prompt,
+                                          unique_id=unique_id)
 
 
 def test_cached_row_is_what_comfyuis_ltx_nodes_give_the_sampler(encoders, audio_vae, tmp_path):  # noqa: F811
@@ -144,8 +145,6 @@ def test_settings_that_cannot_pack_are_refused(encoders, audio_vae, tmp_path):  
     with pytest.raises(CacheError, match="audio_vae takes first_frame_style 'clean_first_frame'.*not 'wan_concat'"):
         PipeTrainCacheLatents().encode(spec, encoders[0], encoders[2], False, first_frame_conditioning=True,
                                        audio_vae=audio_vae)
-    with pytest.raises(CacheError, match="gpus to 1"):
-        PipeTrainCacheLatents().encode(spec, encoders[0], encoders[2], False, gpus=2, audio_vae=audio_vae)
 
 
 def test_image_to_video_packs_the_first_frame_mask_as_the_sampler_does(encoders, audio_vae, tmp_path):  # noqa: F811
@@ -275,3 +274,43 @@ def test_the_headless_cache_mode_packs_the_sound_on_two_processes(encoders, audi
         item = headless[i]
         assert item["extras"]["latent_shapes"] == rows[item["source"]]["extras"]["latent_shapes"]
         torch.testing.assert_close(item["latent"], rows[item["source"]]["latent"])
+
+
+def test_the_node_on_two_processes_loads_the_audio_vae_behind_it_and_caches_what_one_caches(
+        encoders, audio_vae, tmp_path):  # noqa: F811
+    """CacheLatents with gpus 2: the ranks load the audio VAE file of the Load LTXV Audio VAE node feeding
+    audio_vae (as they load vae and clip from their loaders), and the rows equal a one-process cache's; an
+    audio_vae the ranks cannot rebuild is refused before any starts."""
+    import comfy.utils
+    import folder_paths
+    from PipeTrain.engine.config.checks import ConfigError
+    from tools.tiny_assets import write_tiny_clip
+
+    models = tmp_path / "models"
+    for folder in ("vae", "text_encoders"):
+        (models / folder).mkdir(parents=True)
+        folder_paths.add_model_folder_path(folder, str(models / folder))
+    comfy.utils.save_torch_file(encoders[0].first_stage_model.state_dict(), str(models / "vae" / "video_vae.safetensors"))
+    write_tiny_clip(str(models / "text_encoders" / "clip.safetensors"), seed=0)  # the fixture's CLIP
+    graph = {"9": {"class_type": "PipeTrainCacheLatents", "inputs": {"vae": ["1", 0], "clip": ["2", 0],
+                                                                     "audio_vae": ["3", 0]}},
+             "1": {"class_type": "VAELoader", "inputs": {"vae_name": "video_vae.safetensors"}},
+             "2": {"class_type": "CLIPLoader", "inputs": {"clip_name": "clip.safetensors", "type": "stable_diffusion"}},
+             "3": {"class_type": "LTXVAudioVAELoader", "inputs": {"ckpt_name": "ltx_audio_vae.safetensors"}}}
+    for name in ("one", "two"):
+        (tmp_path / name).mkdir()
+        write_av(tmp_path / name / "tone.mkv", 0.36, 16000, 2)
+        write_video(tmp_path / name / "quiet.mkv", FRAMES, size=(SIZE, SIZE), fps=FPS)
+    one, _, _ = _cache(tmp_path / "one", encoders, audio_vae)
+    two, lines, _ = _cache(tmp_path / "two", encoders, audio_vae, gpus=2, prompt=graph, unique_id="9")
+    assert any(line.startswith("encoded on 2 processes: ") for line in lines), lines
+    a, b = CachedDataset(one.cache_dir), CachedDataset(two.cache_dir)
+    rows = {b[i]["source"]: b[i] for i in range(len(b))}
+    assert sorted(rows) == ["quiet.mkv", "tone.mkv"] and len(a) == 2
+    for i in range(len(a)):
+        assert a[i]["extras"]["latent_shapes"] == rows[a[i]["source"]]["extras"]["latent_shapes"]
+        torch.testing.assert_close(a[i]["latent"], rows[a[i]["source"]]["latent"])
+    graph["4"] = {"class_type": "LTXVAudioVAEDecode", "inputs": {}}  # not a loader: the ranks could not rebuild it
+    graph["9"]["inputs"]["audio_vae"] = ["4", 0]
+    with pytest.raises(ConfigError, match="audio_vae comes from LTXVAudioVAEDecode, which the GPU processes cannot"):
+        _cache(tmp_path / "one", encoders, audio_vae, gpus=2, prompt=graph, unique_id="9")
