@@ -91,7 +91,9 @@ def ema_inputs() -> dict:
                       "each LoRA as <name>_ema.safetensors (Save LoRA's weights input picks it): after each step "
                       "ema = decay x ema + (1 - decay) x weights, an average over about 1 / (1 - decay) steps, "
                       "often smoother than the last weights. 0 = off; 0.999 for runs of thousands of steps, "
-                      "0.99 for a few hundred. Training itself is unchanged."}),
+                      "0.99 for a few hundred. Training itself is unchanged. A full fine-tune (adapter 'full') "
+                      "keeps the average of its trained weights in CPU memory (4 bytes each) and saves it beside "
+                      "each model file; Save Model's weights input picks it."}),
         "ema_start_step": ("INT", {"default": 0, "min": 0, "max": 10_000_000, "tooltip":
                            "With ema_decay: the step from which the EMA averages; up to it the EMA copy equals the "
                            "weights, so the average leaves out the first, fast-changing steps. 0 = from the start "
