@@ -56,12 +56,16 @@ class SampleRenderer:
         return self._patcher
 
     def empty_latent(self) -> torch.Tensor:
+        """An empty latent of the sample size as KSampler gets it: zeros, then ComfyUI's own fix for empty latents
+        (comfy.sample.fix_empty_latent_channels), which makes MiniMax H3's the video + audio pair it samples."""
+        import comfy.sample
+
         fmt = self.model.latent_format
         ratio = int(getattr(fmt, "spacial_downscale_ratio", 8))
         shape = [1, int(fmt.latent_channels), max(1, self.spec.height // ratio), max(1, self.spec.width // ratio)]
         if int(getattr(fmt, "latent_dimensions", 2)) == 3:  # video models: one frame
             shape.insert(2, 1)
-        return torch.zeros(shape)
+        return comfy.sample.fix_empty_latent_channels(self._model_patcher(), torch.zeros(shape))
 
     def maybe_render(self, step: int, total: int, should_stop: Callable[[], bool] = lambda: False) -> None:
         """Render if this step is due. A failure (e.g. out of memory) stops the samples, not the training."""
@@ -100,7 +104,7 @@ class SampleRenderer:
                                               self.spec.scheduler, positive, self.negative, latent,
                                               callback=_stop_between_steps(should_stop), disable_pbar=True,
                                               seed=self.spec.seed)
-                    latents.append(out.float().cpu())
+                    latents.append(_picture(out).float().cpu())
         except _Stopped:
             # Cancel during a render: stop within one sampler step, before the node's grace runs out and
             # the process group is killed without a checkpoint. Nothing of this render is written.
@@ -111,6 +115,11 @@ class SampleRenderer:
         self.events.emit("sample", step=step, path=str(path), prompts=self.texts,
                          seconds=round(time.time() - started, 3))
         return path
+
+
+def _picture(samples: torch.Tensor) -> torch.Tensor:
+    """What the graph's VAE decodes: a video + audio pair's video (the first stream); other latents as they are."""
+    return samples.unbind()[0] if getattr(samples, "is_nested", False) else samples
 
 
 class _Stopped(Exception):

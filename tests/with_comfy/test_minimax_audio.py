@@ -76,3 +76,34 @@ def test_a_run_with_audio_frames_trains_and_its_lora_loads(tmp_path):
     from family_harness import check, run_family
 
     check(_AV, run_family(_AV, tmp_path))
+
+
+def test_a_training_time_sample_renders_the_video_and_audio_pair_and_keeps_the_video(tmp_path):
+    """A sample during an H3 run: the empty latent becomes the video + audio pair ComfyUI's KSampler makes of it
+    (comfy.sample.fix_empty_latent_channels), the sampler runs on it, and the sample file keeps the video the
+    graph's VAE decodes; the same latent as KSampler's path gives for the same prompt and seed."""
+    import comfy.sample
+    import family_configs as fc
+
+    from PipeTrain.engine.config.run import RunConfig
+    from PipeTrain.engine.config.sections import SampleSpec
+    from PipeTrain.engine.events import EventLog
+    from PipeTrain.engine.sample_files import read_samples, write_prompts
+    from PipeTrain.engine.train.samples import SampleRenderer, _training_patcher
+
+    model = f33._minimax_h3(dict(_AV.config))
+    fc.init_weights(model.diffusion_model, seed=0)
+    text = torch.randn(1, 5, f33._MINIMAX_H3_TEXT, generator=torch.Generator().manual_seed(1))
+    extras = {"pooled_output": None, "minimax_token_tags": torch.ones(1, 5, dtype=torch.long)}
+    prompts = write_prompts(tmp_path / "prompts.safetensors", ["a tone"], [(text, extras)], (text * 0, extras))
+    cfg = RunConfig(run_name="h3", run_dir=str(tmp_path), comfyui_root="c", model_path="m", cache_dir="d",
+                    sample=SampleSpec(every=1, prompts_file=str(prompts), width=64, height=64, steps=2, seed=3))
+    renderer = SampleRenderer(cfg, model, torch.device("cpu"), EventLog(str(tmp_path)))
+    empty = renderer.empty_latent()
+    assert empty.is_nested and [tuple(t.shape) for t in empty.unbind()] == [(1, 24, 1, 4, 4), (1, 32, 2, 2)]
+    latents, texts = read_samples(renderer.render(step=1))
+    assert texts == ["a tone"] and tuple(latents.shape) == (1, 24, 1, 4, 4) and torch.isfinite(latents).all()
+    patcher = _training_patcher(model, torch.device("cpu"))
+    want = comfy.sample.sample(patcher, comfy.sample.prepare_noise(empty, 3), 2, 1.0, "euler", "simple",
+                               [[text, extras]], [[text * 0, extras]], empty, disable_pbar=True, seed=3)
+    torch.testing.assert_close(latents, want.unbind()[0].float())
