@@ -12,6 +12,7 @@ from .save_lora import PipeTrainSaveLoRA
 from .save_model import PipeTrainSaveModel
 from .train_options import PipeTrainTrainOptions
 from .train_pipeline import PipeTrainTrainPipeline
+from .wan_experts import PipeTrainWanExperts
 
 NODE_CLASS_MAPPINGS = {
     "PipeTrainLoadDataset": PipeTrainLoadDataset,
@@ -28,6 +29,7 @@ NODE_CLASS_MAPPINGS = {
     "PipeTrainSampleGrid": PipeTrainSampleGrid,
     "PipeTrainLoRAGrid": PipeTrainLoRAGrid,
     "PipeTrainImportDiffusionPipeConfig": PipeTrainImportDiffusionPipeConfig,
+    "PipeTrainWanExperts": PipeTrainWanExperts,
 }
 
 NODE_DISPLAY_NAME_MAPPINGS = {
@@ -45,4 +47,5 @@ NODE_DISPLAY_NAME_MAPPINGS = {
     "PipeTrainSampleGrid": "PipeTrain Sample Grid",
     "PipeTrainLoRAGrid": "PipeTrain LoRA Grid",
     "PipeTrainImportDiffusionPipeConfig": "PipeTrain Import diffusion-pipe Config",
+    "PipeTrainWanExperts": "PipeTrain Wan 2.2 Experts",
 }

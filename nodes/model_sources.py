@@ -14,6 +14,7 @@ from typing import Any
 
 from ..engine.config.base_loras import BaseLora
 from ..engine.config.checks import ConfigError
+from . import compat
 from .graph_links import linked, named_file
 
 MODEL_LOADERS = {"UNETLoader": ("unet_name", "diffusion_models"), "CheckpointLoaderSimple": ("ckpt_name", "checkpoints"),
@@ -22,6 +23,12 @@ MODEL_LOADERS = {"UNETLoader": ("unet_name", "diffusion_models"), "CheckpointLoa
                  "UnetLoaderGGUFAdvanced": ("unet_name", "diffusion_models")}
 LORA_LOADERS = {"LoraLoaderModelOnly": "strength_model", "LoraLoader": "strength_model"}
 FOLLOWED = ", ".join([*MODEL_LOADERS, *LORA_LOADERS])
+
+
+def model_file_names() -> list[str]:
+    """The model files Train Pipeline (model_name) and Wan 2.2 Experts (low_noise_model) list: ComfyUI's
+    diffusion_models first, GGUF files, then checkpoints."""
+    return compat.filenames("diffusion_models") + compat.gguf_filenames() + compat.filenames("checkpoints")
 
 
 @dataclass(frozen=True)

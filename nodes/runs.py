@@ -34,6 +34,8 @@ class RunResult:
     model_name: str
     status: str  # "done" or "cancelled"
     ema_path: str = ""  # the EMA of lora_path's weights (train.ema_decay), "" when the run kept none
+    # A Wan 2.2 experts pair (nodes/expert_pair.py): this result is the high-noise run, low_noise the low-noise one
+    low_noise: "RunResult | None" = None
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -3,8 +3,8 @@
 Train Pipeline reads the queued prompt (ComfyUI's hidden PROMPT input) for the save nodes whose `run`
 input is its own output, and refuses the run when one of them would fail after training: a name that
 is not allowed or is taken with overwrite off, a Save LoRA on a full fine-tune (no LoRA is written) or
-a Save Model on a LoRA run (no model is written), and Save LoRA weights the run will not make (ema
-without ema_decay, best without an eval set). A value wired from another node is only known when the
+a Save Model on a LoRA run (no model is written), and Save LoRA / Save Model weights the run will not
+make (ema without ema_decay, best without an eval set). A value wired from another node is only known when the
 save node runs, which then checks it itself.
 """
 from __future__ import annotations
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from ..engine.config.checks import ConfigError
 from . import compat
-from .save_lora import BEST, EMA, safe_lora_target
+from .save_lora import BEST, EMA, pair_names, safe_lora_target
 
 SAVE_LORA, SAVE_MODEL = "PipeTrainSaveLoRA", "PipeTrainSaveModel"
 
@@ -25,6 +25,7 @@ class RunOutputs:
     full: bool = False  # Configure LoRA's adapter 'full': a model file, no LoRA
     ema: bool = False  # ema_decay above 0: an EMA LoRA beside the plain one
     eval: bool = False  # an eval set is connected and evaluated: best.json can name a best step
+    pair: bool = False  # Wan 2.2 experts (nodes/expert_pair.py): Save LoRA writes <name>_high_noise and _low_noise
 
 
 def _fed_save_nodes(prompt: dict | None, train_node: str | None):
@@ -52,8 +53,9 @@ def check_save_names(prompt: dict | None, train_node: str | None, outputs: RunOu
                               "adapter is not 'full'), which writes no model file. Connect PipeTrain Save LoRA "
                               "instead, or choose adapter 'full'. Nothing was trained.")
         weights = inputs.get("weights")
-        if kind == SAVE_LORA and weights == EMA and not outputs.ema:
-            raise ConfigError("Save LoRA's weights is 'ema', but this run keeps no EMA (Train Options' ema_decay is "
+        if weights == EMA and not outputs.ema:  # Save LoRA's and Save Model's weights alike
+            what = "Save LoRA" if kind == SAVE_LORA else "Save Model"
+            raise ConfigError(f"{what}'s weights is 'ema', but this run keeps no EMA (Train Options' ema_decay is "
                               "0): set ema_decay above 0 (e.g. 0.999), or set weights to 'plain'. Nothing was trained.")
         if kind == SAVE_LORA and weights == BEST and not outputs.eval:
             raise ConfigError("Save LoRA's weights is 'best', but this run evaluates nothing, so no step can be best: "
@@ -63,11 +65,15 @@ def check_save_names(prompt: dict | None, train_node: str | None, outputs: RunOu
         if not isinstance(name, str):
             continue
         if kind == SAVE_LORA:
-            label, target = "SaveLoRA", safe_lora_target(compat.first_folder("loras"), name)
+            label, targets = "SaveLoRA", [safe_lora_target(compat.first_folder("loras"), n)
+                                          for n in pair_names(name, outputs.pair)]
         else:
-            label, target = "Save Model", safe_lora_target(compat.first_folder("diffusion_models"), name,
-                                                           what="model", folder="diffusion_models")
-        if overwrite is False and target.exists():
-            raise ConfigError(f"{label}'s name {name!r} is taken: {target} already exists and overwrite is off, so "
-                              f"the {'LoRA' if kind == SAVE_LORA else 'model'} could not be saved after training. "
-                              f"Choose another name, or turn on {label}'s overwrite to replace it. Nothing was trained.")
+            label, targets = "Save Model", [safe_lora_target(compat.first_folder("diffusion_models"), name,
+                                                             what="model", folder="diffusion_models")]
+        for target in targets:
+            if overwrite is False and target.exists():
+                raise ConfigError(f"{label}'s name {name!r} is taken: {target} already exists and overwrite is off, "
+                                  f"so the {'LoRA' if kind == SAVE_LORA else 'model'} could not be saved after "
+                                  f"training. Choose another name, or turn on {label}'s overwrite to replace it. "
+                                  "Nothing was trained.")
+

@@ -53,6 +53,17 @@ def safe_lora_target(loras_root: str, name: str, what: str = "LoRA", folder: str
     return target
 
 
+def pair_names(name: str, pair: bool) -> list[str]:
+    """The LoRA names Save LoRA writes for `name`: name itself, or for a Wan 2.2 experts pair
+    <name>_high_noise and <name>_low_noise ('.safetensors' typed at the end stays at the end)."""
+    if not pair:
+        return [name]
+    stem = name.strip()
+    if stem.lower().endswith(".safetensors"):
+        stem = stem[: -len(".safetensors")]
+    return [f"{stem}_high_noise", f"{stem}_low_noise"]
+
+
 def source_file(run, weights: str) -> Path:
     """The run's LoRA file of the chosen weights (plain, ema or best), refused with the fix when it is missing."""
     if weights not in WEIGHTS:
@@ -90,9 +101,11 @@ class PipeTrainSaveLoRA:
     CATEGORY = "PipeTrain"
     DESCRIPTION = ("Copy the trained LoRA (or the EMA of its weights) to models/loras/pipetrain/<name>.safetensors "
                    "(listed by LoraLoader) and, when a MODEL is connected, output it with the LoRA applied for a test "
-                   "sampler.")
-    RETURN_TYPES = ("MODEL", "STRING")
-    RETURN_NAMES = ("model", "lora_name")
+                   "sampler. A Wan 2.2 experts run (Train Pipeline with Wan 2.2 Experts) saves a pair, "
+                   "<name>_high_noise and <name>_low_noise.")
+    # Saved workflows link outputs by position: the low-noise expert's MODEL is appended last.
+    RETURN_TYPES = ("MODEL", "STRING", "MODEL")
+    RETURN_NAMES = ("model", "lora_name", "model_low_noise")
     FUNCTION = "save"
     OUTPUT_NODE = True
 
@@ -102,30 +115,57 @@ class PipeTrainSaveLoRA:
             "required": {
                 "run": (RUN, {"tooltip": "The finished run from PipeTrain Train Pipeline."}),
                 "name": ("STRING", {"default": "my_lora", "tooltip":
-                         "File name under models/loras/pipetrain/ ('.safetensors' is added)."}),
+                         "File name under models/loras/pipetrain/ ('.safetensors' is added). A Wan 2.2 experts run "
+                         "saves <name>_high_noise and <name>_low_noise."}),
                 "overwrite": ("BOOLEAN", {"default": False, "tooltip":
                               "Replace an existing LoRA of that name. Off: a different existing file is an error, "
                               "never silently replaced."}),
             },
             "optional": {
-                "model": ("MODEL", {"tooltip": "Optional: the base MODEL to apply the new LoRA to, for testing."}),
+                "model": ("MODEL", {"tooltip": "Optional: the base MODEL to apply the new LoRA to, for testing. For a "
+                                    "Wan 2.2 experts run: the high-noise expert, which gets the high-noise LoRA."}),
                 "strength": ("FLOAT", {"default": 1.0, "min": -10.0, "max": 10.0, "step": 0.05, "tooltip":
-                             "LoRA strength used for the MODEL output."}),
+                             "LoRA strength used for the MODEL output (both MODEL outputs of an experts pair)."}),
                 # Saved UI workflows store widget values by position: add new inputs at the end only.
                 "weights": (list(WEIGHTS), {"default": PLAIN, "tooltip":
                             "Which weights to save: plain = the LoRA as trained at the last step; ema = their "
                             "exponential moving average (needs Train Pipeline's ema_decay above 0), often smoother; "
                             "best = the saved step with the lowest eval loss (needs an eval set and eval_every). "
                             "Same file format either way."}),
+                "model_low_noise": ("MODEL", {"tooltip":
+                                    "Optional, for a Wan 2.2 experts run: the low-noise expert's MODEL, which gets the "
+                                    "low-noise LoRA and comes out as model_low_noise. Unused for a single run."}),
             },
         }
 
-    def save(self, run, name, overwrite, model=None, strength=1.0, weights=PLAIN):
+    def save(self, run, name, overwrite, model=None, strength=1.0, weights=PLAIN, model_low_noise=None):
+        loras_root = compat.first_folder("loras")
+        low = getattr(run, "low_noise", None)
+        runs = [run] if low is None else [run, low]
+        # every file is read and every name checked before the first is written: a pair is saved whole or not at all
+        files = [self._prepared(one, target_name, weights, loras_root, overwrite)
+                 for one, target_name in zip(runs, pair_names(name, low is not None))]
+        for target, data, write, _ in files:
+            if write:
+                write_bytes(target, data)
+        names = [os.path.relpath(target, Path(loras_root).resolve()) for target, *_ in files]
+        out_model = compat.load_lora_onto_model(model, str(files[0][0]), strength) if model is not None else None
+        out_low = None
+        if low is not None and model_low_noise is not None:
+            out_low = compat.load_lora_onto_model(model_low_noise, str(files[1][0]), strength)
+        source = files[-1][3]
+        shown = f"saved {' and '.join(names)}" + (" (EMA weights)" if weights == EMA else "") + (
+            f" (best eval step, {source.name})" if weights == BEST and low is None else
+            " (best eval steps)" if weights == BEST else "")
+        return {"ui": {"text": [shown]}, "result": (out_model, names[0], out_low)}
+
+    @staticmethod
+    def _prepared(run, name: str, weights: str, loras_root: str, overwrite: bool):
+        """(target, file bytes, whether to write, source) of one run's LoRA; ConfigError for a name that is taken."""
         from safetensors import safe_open
         from safetensors.torch import load_file
 
         source = source_file(run, weights)
-        loras_root = compat.first_folder("loras")
         target = safe_lora_target(loras_root, name)
         with safe_open(str(source), framework="pt") as f:
             metadata = dict(f.metadata() or {})
@@ -137,10 +177,5 @@ class PipeTrainSaveLoRA:
             same = hashlib.sha256(target.read_bytes()).digest() == hashlib.sha256(data).digest()
             if not same:
                 raise ConfigError(f"{target} already exists: choose another name, or turn on overwrite to replace it.")
-        else:
-            write_bytes(target, data)
-        lora_name = os.path.relpath(target, Path(loras_root).resolve())
-        out_model = compat.load_lora_onto_model(model, str(target), strength) if model is not None else None
-        shown = f"saved {lora_name}" + (" (EMA weights)" if weights == EMA else "") + (
-            f" (best eval step, {source.name})" if weights == BEST else "")
-        return {"ui": {"text": [shown]}, "result": (out_model, lora_name)}
+            return target, data, False, source
+        return target, data, True, source

@@ -1,16 +1,12 @@
 """PipeTrainTrainPipeline: validate, write run.json, launch the engine out of process, relay progress.
 
-Training blocks this node (SaveLoRA and the test sampler need its result). Cancel in ComfyUI
-asks the engine to checkpoint and exit, kills the process group if it does not within a few
-seconds, then raises ComfyUI's interrupt.
+Training blocks this node (SaveLoRA and the test sampler need its result). The launch and its relay (progress,
+Cancel, the result) are in nodes/relay.py; a Wan 2.2 experts pair (the `experts` input) in nodes/expert_pair.py.
 """
 from __future__ import annotations
 
-import atexit
 import dataclasses
 import os
-import subprocess
-import time
 from pathlib import Path
 
 from ..engine.cache.caption_store import uncond_missing
@@ -21,13 +17,11 @@ from ..engine.config.launch import LaunchSpec
 from ..engine.config.objective import ObjectiveSpec
 from ..engine.config.run import RunConfig
 from ..engine.config.sections import TrainSpec
-from ..engine.events import EventTail
 from ..engine.launch import launcher, run_lock
-from ..engine.lora_files import ema_file, is_ema_file
 from ..engine.sample_files import unsupported_reason
 from . import compat, ui_feed
 from .cluster import announce_other_nodes, cluster_input, launch_cluster
-from .model_sources import model_source
+from .model_sources import model_file_names, model_source
 from .preflight import (
     check_batch,
     check_batch_sizes,
@@ -37,40 +31,29 @@ from .preflight import (
     check_sample_size,
     part_inputs,
 )
+from .relay import relay
 from .runs import (
     RESUME_LATEST,
     RESUME_OFF,
-    RunResult,
     check_resume,
     new_run_dir,
     resumable_runs,
     resume_run_dir,
-    summary_text,
 )
 from .save_checks import RunOutputs, check_save_names
-from .step_pace import StepPace
 from . import legacy_prompts
 from .train_inputs import eval_inputs, sample_link_inputs
 from .monitor_inputs import monitor_spec
 from .train_options import TrainOptions
-from .train_samples import SampleDecoder, parse_prompts, sample_spec, write_prompt_file
-from .types import CACHE, LORA, MEMORY, OBJECTIVE, RUN, TRAIN_OPTIONS
+from .train_samples import parse_prompts, sample_spec, write_prompt_file
+from .types import CACHE, EXPERTS, LORA, MEMORY, OBJECTIVE, RUN, TRAIN_OPTIONS
 
-CANCEL_GRACE_S = 7.0  # the engine checkpoints and exits within this; then the group is killed
-POLL_S = 0.25
-_running: set = set()  # launcher processes alive in this ComfyUI, ended if ComfyUI exits
 ui_feed.register_routes()  # GET /pipetrain/run_state: a reloaded page redraws a running node
 legacy_prompts.register()  # API prompts that still give Train Options' settings to Train Pipeline
 
 
-@atexit.register
-def _stop_all_runs() -> None:
-    for proc in list(_running):
-        launcher.kill_tree(proc, grace=2.0)
-
-
 def _model_names() -> list[str]:
-    return compat.filenames("diffusion_models") + compat.gguf_filenames() + compat.filenames("checkpoints")
+    return model_file_names()
 
 
 class PipeTrainTrainPipeline:
@@ -146,6 +129,12 @@ class PipeTrainTrainPipeline:
                           "load that file, merge the LoRA stack at its strengths and train a new LoRA on top; "
                           "model_name is then not used. Save LoRA saves only the new LoRA: apply it after the same "
                           "stack. Unconnected = model_name, as before."}),
+                "experts": (EXPERTS, {"tooltip":
+                            "Wan 2.2 A14B: train both experts in one run, from PipeTrain Wan 2.2 Experts. model_name "
+                            "is then the high-noise expert; two runs, <run_name>_high_noise (noise above the "
+                            "boundary) and <run_name>_low_noise (below it, on that node's low_noise_model), share "
+                            "the cache and every setting, one after the other or at the same time on two halves of "
+                            "the GPUs. Save LoRA saves them as a pair. Unconnected = one run, as before."}),
             },
             "hidden": {"unique_id": "UNIQUE_ID", "prompt": "PROMPT"},  # prompt: check_save_names
         }
@@ -153,80 +142,120 @@ class PipeTrainTrainPipeline:
     def train(self, model_name, cache, lora, memory, steps, epochs, learning_rate, scheduler, warmup_steps,
               batch_size, grad_accum, seed, save_every, checkpoint_every, num_gpus, run_name, resume, cluster=None,
               clip=None, vae=None, sample_prompts="", eval_cache=None, objective=None, options=None, model=None,
-              unique_id=None, prompt=None):
-        o = options or TrainOptions()
-        base_loras = ()
-        if model is not None:  # the graph's model: its file and LoRA stack (nodes/model_sources.py)
-            source = model_source(prompt, unique_id)
-            if os.path.basename(source.model_path) != model_name:
-                compat.log.info("[PipeTrain] model is connected: training %s (model_name %s is not used)",
-                                source.describe(), model_name)
-            model_path, base_loras = source.model_path, source.loras
-            model_name = os.path.basename(model_path)
-        else:
-            model_path = compat.full_path("diffusion_models", model_name) or compat.full_path("checkpoints", model_name)
-        if not model_path:
-            raise ConfigError(f"model_name {model_name!r} is not in ComfyUI's diffusion_models or checkpoints "
-                              "folders: put the file there and refresh, or pick another.")
-        train = TrainSpec(steps=steps, epochs=float(epochs), learning_rate=float(learning_rate), scheduler=scheduler,
-                          warmup_steps=warmup_steps, batch_size=batch_size, grad_accum=grad_accum, seed=seed,
-                          save_every=save_every, checkpoint_every=checkpoint_every,
-                          timestep_sampling=o.timestep_sampling, timestep_shift=float(o.timestep_shift),
-                          min_t=float(o.min_t), max_t=float(o.max_t), ema_decay=float(o.ema_decay),
-                          ema_start_step=int(o.ema_start_step))
-        launch = LaunchSpec(num_gpus=num_gpus, gpu_ids=o.gpu_ids.strip().replace(" ", ""),
-                            backend=launcher.resolve_backend(o.backend), cluster=launch_cluster(cluster))
-        cfg = RunConfig(run_name=run_name.strip(), run_dir="", comfyui_root=compat.comfyui_root(),
-                        model_path=model_path, cache_dir=cache.cache_dir,
-                        more_cache_dirs=tuple(part.cache_dir for part in cache.more), lora=lora, memory=memory, train=train,
-                        launch=launch, eval=eval_spec(eval_cache, cache, o.eval_every, o.eval_before_start,
-                                                      o.eval_early_stop),
-                        objective=objective or ObjectiveSpec(), resume=resume != RESUME_OFF,
-                        accept_changes=bool(o.accept_changes),
-                        monitor=monitor_spec(o.wandb_project, o.wandb_run_name, o.wandb_mode, o.wandb_entity),
-                        base_loras=base_loras)
-        cfg.validate()  # every setting and rule, once (reads no file); each rank validates run.json again
-        # a taken name or a save node this run cannot feed is found now, not after training
-        check_save_names(prompt, unique_id, RunOutputs(full=lora.kind == "full", ema=train.ema_decay > 0,
-                                                       eval=cfg.eval.enabled or resume != RESUME_OFF))
-        cfg.check_files()  # before any folder is made; the samples' prompts file is written below
-        cuda = check_devices(launch)
-        for part in cache.parts:  # chained datasets: every cache (LoadDataset's add_to)
-            check_cache_opens(part.cache_dir)
-            check_batch(batch_size, part)
-        missing = uncond_missing(cfg.objective.cfg_augment, [part.cache_dir for part in cache.parts])
-        if missing:
-            raise ConfigError(missing)
-        check_batch_sizes(cache, batch_size, memory.pipeline_stages)
-        found = check_model(model_name, model_path, lora, {**part_inputs(cache), "eval_cache": eval_cache},
-                            train.timestep_shift, cfg.objective)
-        prompts = parse_prompts(sample_prompts)
-        notice = unsupported_reason(memory.pipeline_stages) if prompts else ""
-        samples = None if notice else sample_spec(prompts, clip, vae, o.sample_every, o.sample_width, o.sample_height,
-                                                  o.sample_steps, o.sample_cfg, o.sample_seed, o.sample_sampler,
-                                                  o.sample_scheduler)
-        if notice:
-            compat.log.warning("[PipeTrain] %s", notice)
-        check_sample_size(samples, found, model_name)
+              experts=None, unique_id=None, prompt=None):
+        inputs = {k: v for k, v in locals().items() if k not in ("self", "experts")}
+        if experts is not None:  # two runs, one per Wan 2.2 expert (nodes/expert_pair.py)
+            from .expert_pair import train_pair
 
+            return train_pair(experts, inputs)
+        plan = prepare(**inputs)
         output = compat.output_directory()
-        run_dir = new_run_dir(output, cfg.run_name) if resume == RESUME_OFF else resume_run_dir(output, resume)
+        run_dir = new_run_dir(output, plan.cfg.run_name) if resume == RESUME_OFF else resume_run_dir(output, resume)
         with run_lock.claimed(run_dir):  # a folder a live run trains in is refused before run.json is touched
-            if resume != RESUME_OFF:  # unconnected objective: the run goes on with the one it was trained with
-                cfg = check_resume(run_dir, cfg, keep_objective=objective is None)
-                check_model(model_name, model_path, lora, {}, train.timestep_shift, cfg.objective)
-            cfg = dataclasses.replace(cfg, run_name=run_dir.name, run_dir=str(run_dir))
-            if samples is not None:  # encoded with the graph's CLIP now; the engine never loads a text encoder
-                samples = dataclasses.replace(samples, prompts_file=write_prompt_file(str(run_dir), prompts,
-                                                                                      o.sample_negative, clip))
-                cfg = dataclasses.replace(cfg, sample=samples)  # validated by sample_spec
-            config_path = run_dir / "run.json"
-            cfg.save(config_path)
-            announce_other_nodes(cfg, str(config_path))  # several machines: checked now, what to start on the others
-
+            cfg, config_path = open_run(plan, run_dir)
+            announce_other_nodes(cfg, config_path)  # several machines: checked now, what to start on the others
             compat.free_accelerator_memory()
-            return relay(cfg, str(config_path), cuda, model_name, node_id=unique_id, vae=vae if samples else None,
-                         notice=notice)
+            return relay(cfg, config_path, plan.cuda, plan.model_name, node_id=unique_id,
+                         vae=vae if plan.samples else None, notice=plan.notice)
+
+
+@dataclasses.dataclass(frozen=True)
+class RunPlan:
+    """A run checked and ready to start (prepare): its config without a folder yet, and what starting needs."""
+
+    cfg: RunConfig
+    model_name: str
+    model_path: str
+    cuda: bool
+    samples: object  # SampleSpec or None
+    prompts: tuple
+    notice: str
+    negative: str
+    clip: object
+    keep_objective: bool  # no Objective Options connected: a resumed run keeps the one it was trained with
+
+
+def prepare(model_name, cache, lora, memory, steps, epochs, learning_rate, scheduler, warmup_steps, batch_size,
+            grad_accum, seed, save_every, checkpoint_every, num_gpus, run_name, resume, cluster=None, clip=None,
+            vae=None, sample_prompts="", eval_cache=None, objective=None, options=None, model=None, unique_id=None,
+            prompt=None, pair=False) -> RunPlan:
+    """Every check Train Pipeline makes before it creates a run folder: the settings, the save nodes it feeds,
+    files, devices, caches, the model against the caches and the samples. Reads files; writes none. pair: a
+    half of a Wan 2.2 experts pair (Save LoRA then writes <name>_high_noise and <name>_low_noise)."""
+    o = options or TrainOptions()
+    base_loras = ()
+    if model is not None:  # the graph's model: its file and LoRA stack (nodes/model_sources.py)
+        source = model_source(prompt, unique_id)
+        if os.path.basename(source.model_path) != model_name:
+            compat.log.info("[PipeTrain] model is connected: training %s (model_name %s is not used)",
+                            source.describe(), model_name)
+        model_path, base_loras = source.model_path, source.loras
+        model_name = os.path.basename(model_path)
+    else:
+        model_path = compat.full_path("diffusion_models", model_name) or compat.full_path("checkpoints", model_name)
+    if not model_path:
+        raise ConfigError(f"model_name {model_name!r} is not in ComfyUI's diffusion_models or checkpoints "
+                          "folders: put the file there and refresh, or pick another.")
+    train = TrainSpec(steps=steps, epochs=float(epochs), learning_rate=float(learning_rate), scheduler=scheduler,
+                      warmup_steps=warmup_steps, batch_size=batch_size, grad_accum=grad_accum, seed=seed,
+                      save_every=save_every, checkpoint_every=checkpoint_every,
+                      timestep_sampling=o.timestep_sampling, timestep_shift=float(o.timestep_shift),
+                      min_t=float(o.min_t), max_t=float(o.max_t), ema_decay=float(o.ema_decay),
+                      ema_start_step=int(o.ema_start_step))
+    launch = LaunchSpec(num_gpus=num_gpus, gpu_ids=o.gpu_ids.strip().replace(" ", ""),
+                        backend=launcher.resolve_backend(o.backend), cluster=launch_cluster(cluster))
+    cfg = RunConfig(run_name=run_name.strip(), run_dir="", comfyui_root=compat.comfyui_root(),
+                    model_path=model_path, cache_dir=cache.cache_dir,
+                    more_cache_dirs=tuple(part.cache_dir for part in cache.more), lora=lora, memory=memory, train=train,
+                    launch=launch, eval=eval_spec(eval_cache, cache, o.eval_every, o.eval_before_start,
+                                                  o.eval_early_stop),
+                    objective=objective or ObjectiveSpec(), resume=resume != RESUME_OFF,
+                    accept_changes=bool(o.accept_changes),
+                    monitor=monitor_spec(o.wandb_project, o.wandb_run_name, o.wandb_mode, o.wandb_entity),
+                    base_loras=base_loras)
+    cfg.validate()  # every setting and rule, once (reads no file); each rank validates run.json again
+    # a taken name or a save node this run cannot feed is found now, not after training
+    check_save_names(prompt, unique_id, RunOutputs(full=lora.kind == "full", ema=train.ema_decay > 0,
+                                                   eval=cfg.eval.enabled or resume != RESUME_OFF, pair=pair))
+    cfg.check_files()  # before any folder is made; the samples' prompts file is written by open_run
+    cuda = check_devices(launch)
+    for part in cache.parts:  # chained datasets: every cache (LoadDataset's add_to)
+        check_cache_opens(part.cache_dir)
+        check_batch(batch_size, part)
+    missing = uncond_missing(cfg.objective.cfg_augment, [part.cache_dir for part in cache.parts])
+    if missing:
+        raise ConfigError(missing)
+    check_batch_sizes(cache, batch_size, memory.pipeline_stages)
+    found = check_model(model_name, model_path, lora, {**part_inputs(cache), "eval_cache": eval_cache},
+                        train.timestep_shift, cfg.objective)
+    prompts = parse_prompts(sample_prompts)
+    notice = unsupported_reason(memory.pipeline_stages) if prompts else ""
+    samples = None if notice else sample_spec(prompts, clip, vae, o.sample_every, o.sample_width, o.sample_height,
+                                              o.sample_steps, o.sample_cfg, o.sample_seed, o.sample_sampler,
+                                              o.sample_scheduler)
+    if notice:
+        compat.log.warning("[PipeTrain] %s", notice)
+    check_sample_size(samples, found, model_name)
+    return RunPlan(cfg=cfg, model_name=model_name, model_path=model_path, cuda=cuda, samples=samples,
+                   prompts=tuple(prompts), notice=notice, negative=o.sample_negative, clip=clip,
+                   keep_objective=objective is None)
+
+
+def open_run(plan: RunPlan, run_dir: Path) -> tuple[RunConfig, str]:
+    """Write the run's run.json (and samples' prompts) into run_dir, claimed by the caller; returns the config
+    and its path. A resumed run (plan.cfg.resume) is checked against its checkpoint first."""
+    cfg = plan.cfg
+    if cfg.resume:  # unconnected objective: the run goes on with the one it was trained with
+        cfg = check_resume(run_dir, cfg, keep_objective=plan.keep_objective)
+        check_model(plan.model_name, plan.model_path, cfg.lora, {}, cfg.train.timestep_shift, cfg.objective)
+    cfg = dataclasses.replace(cfg, run_name=run_dir.name, run_dir=str(run_dir))
+    if plan.samples is not None:  # encoded with the graph's CLIP now; the engine never loads a text encoder
+        samples = dataclasses.replace(plan.samples, prompts_file=write_prompt_file(str(run_dir), list(plan.prompts),
+                                                                                  plan.negative, plan.clip))
+        cfg = dataclasses.replace(cfg, sample=samples)  # validated by sample_spec
+    config_path = run_dir / "run.json"
+    cfg.save(config_path)
+    return cfg, str(config_path)
 
 
 def eval_spec(eval_cache, cache, every: int, before_start: bool, early_stop: int = 0) -> EvalSpec:
@@ -253,138 +282,3 @@ def _output_dir_or_empty() -> str:
         return compat.output_directory()
     except Exception:  # imported outside ComfyUI
         return os.devnull
-
-
-def relay(cfg: RunConfig, config_path: str, cuda: bool, model_name: str, node_id: str | None = None, vae=None,
-          notice: str = ""):
-    """Run the launcher to completion, mirroring its events on ComfyUI's progress bar and the node's UI."""
-    tail = EventTail(cfg.run_dir, start_at_end=True)  # a resumed run's old events are history
-    feed = ui_feed.RunFeed(node_id, cfg.run_name, cfg.run_dir, cfg.train.steps, tail.offset)
-    if notice:
-        feed.event({"event": "warning", "message": notice})
-    decoder = SampleDecoder(cfg.run_dir, vae) if vae is not None and cfg.sample.every else None
-    log_start = launcher.log_size(cfg.run_dir)
-    proc = launcher.spawn(cfg, config_path, cuda, owner=os.getpid())  # kill -9 of ComfyUI stops the run too
-    _running.add(proc)
-    bar = compat.progress_bar(max(1, cfg.train.steps))
-    last = {"step": 0, "total": cfg.train.steps, "loss": float("nan")}
-    finished, errors, pace, checkpoint, early, plan = None, [], StepPace(), None, "", ""
-    try:
-        while True:
-            alive = proc.poll() is None
-            for ev in tail.read_new():
-                kind = ev.get("event")
-                feed.event(ev)
-                if kind in ("started", "step", "cancelled", "done"):
-                    last.update({k: ev[k] for k in ("step", "total", "loss") if k in ev})
-                    # ComfyUI's progress hook raises its interrupt exception here once Cancel is pressed.
-                    bar.update_absolute(last["step"], last["total"])
-                if kind == "step":
-                    pace.add(ev["step"], ev.get("time", time.time()))
-                    _log_progress(cfg.run_name, last, pace)
-                elif kind == "sample" and decoder is not None:
-                    _show_samples(decoder, feed, bar, ev, last)
-                elif kind == "eval":
-                    compat.log.info("[PipeTrain] %s eval at step %s: loss %.5f", cfg.run_name, ev.get("step"),
-                                    float(ev.get("loss", float("nan"))))
-                elif kind == "warning":
-                    compat.log.warning("[PipeTrain] %s: %s", cfg.run_name, ev.get("message", ""))
-                elif kind == "early_stop":  # eval.early_stop ended the run before its last step
-                    compat.log.info("[PipeTrain] %s %s", cfg.run_name, ev.get("message", ""))
-                    early = ev.get("message", "")
-                elif kind == "memory_plan":  # memory plan 'fit': what it chose, predicted peak and s/step
-                    plan = ev.get("message", "")
-                    compat.log.info("[PipeTrain] %s %s", cfg.run_name, plan)
-                elif kind in ("done", "cancelled"):
-                    finished = ev
-                elif kind == "error":
-                    errors.append(ev)
-                elif kind == "checkpoint":
-                    checkpoint = ev
-            if not alive:
-                break
-            compat.raise_if_interrupted()
-            time.sleep(POLL_S)
-    except compat.InterruptProcessingException:
-        feed.status("stopping", "writing a checkpoint" if last["step"] else "no step has run yet: nothing to checkpoint")
-        _cancel(proc, cfg.run_dir)
-        for ev in tail.read_new():  # the engine's last step, checkpoint and 'cancelled' events
-            feed.event(ev)
-            if ev.get("event") == "checkpoint":
-                checkpoint = ev
-        feed.status("cancelled", _cancelled_reason(cfg.run_name, checkpoint))
-        raise
-    finally:
-        if proc.poll() is None:
-            launcher.kill_tree(proc)
-        _running.discard(proc)
-        launcher.release(cfg, proc)
-        if decoder is not None:
-            decoder.close()
-
-    if proc.returncode != 0 or finished is None:
-        error_message = launcher.failure_cause(cfg, proc, errors, log_start)  # names a rank killed by a signal
-        hint = error_message or "see the log above; the full log is train.log in the run folder"
-        feed.status("failed", hint if error_message else f"exit code {proc.returncode}: {hint}")
-        raise RuntimeError(
-            f"PipeTrain training failed (exit code {proc.returncode}) in {cfg.run_dir}.\nCause: {hint}\n"
-            f"Last lines of train.log:\n{launcher.log_tail(cfg.run_dir, 40)}")
-    status = finished["event"]
-    lora_path = finished.get("lora") or _newest_lora(cfg.run_dir)
-    ema_path = ema_file(lora_path) if lora_path and cfg.train.ema_decay > 0 else None
-    result = RunResult(run_dir=cfg.run_dir, run_name=cfg.run_name, lora_path=lora_path, steps=int(last["step"]),
-                       total_steps=int(last["total"]), final_loss=float(last["loss"]), model_name=model_name,
-                       status=status, ema_path=str(ema_path) if ema_path and ema_path.is_file() else "")
-    text = summary_text(result) + "".join(f"\n{line}" for line in (plan, early) if line)
-    feed.status(status)
-    ui = {"text": [text]}
-    if decoder is not None and decoder.latest:
-        ui["images"] = decoder.latest  # the newest samples stay on the node as its preview
-    return {"ui": ui, "result": (result, text)}
-
-
-def _show_samples(decoder: SampleDecoder, feed: ui_feed.RunFeed, bar, event: dict, last: dict) -> None:
-    """Decode a sample event's latents with the graph's VAE; show the first as the node's preview."""
-    try:
-        refs = decoder.decode(event)
-    except compat.InterruptProcessingException:
-        raise  # Cancel pressed while decoding (ComfyUI's VAE checks for it): the relay cancels the run
-    except Exception as e:  # noqa: BLE001 - a sample that cannot be decoded must not stop training
-        message = f"could not decode the samples of step {event.get('step')} with the connected VAE ({e})"
-        compat.log.warning("[PipeTrain] %s", message)
-        feed.event({"event": "warning", "step": event.get("step"), "message": message})
-        return
-    feed.samples(int(event["step"]), refs, list(event.get("prompts", [])))
-    if decoder.latest_pil is not None:
-        bar.update_absolute(last["step"], last["total"], ("JPEG", decoder.latest_pil, 512))
-
-
-def _cancel(proc, run_dir: str) -> None:
-    launcher.request_cancel(run_dir)
-    try:
-        proc.wait(timeout=CANCEL_GRACE_S)
-    except subprocess.TimeoutExpired:
-        pass  # killed below
-    launcher.kill_tree(proc, grace=1.0)
-
-
-def _newest_lora(run_dir: str) -> str:
-    files = sorted((p for p in (Path(run_dir) / "lora").glob("*.safetensors") if not is_ema_file(p)),
-                   key=lambda p: p.stat().st_mtime)
-    return str(files[-1]) if files else ""
-
-
-def _cancelled_reason(run_name: str, checkpoint: dict | None) -> str:
-    """What a cancelled run left and how to go on (the node's status line after Cancel)."""
-    if checkpoint is None:
-        return "no checkpoint was written (no step had run): queue it again to start over"
-    kept = f"{run_name}/checkpoints/{os.path.basename(str(checkpoint.get('path', '')))}"
-    return f"set resume to {run_name} (or latest) to continue from step {checkpoint.get('step')} ({kept})"
-
-
-def _log_progress(name: str, last: dict, pace: StepPace) -> None:
-    step, total = last["step"], max(1, last["total"])
-    if step == 1 or step % max(1, total // 20) == 0 or step == total:
-        eta = pace.eta_seconds(total)  # the node's status line shows the same (web/chart.js etaSeconds)
-        compat.log.info("[PipeTrain] %s step %d/%d loss %.4f, ETA %s", name, step, total, last["loss"],
-                        "?" if eta is None else f"{eta:.0f} s")

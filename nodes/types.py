@@ -11,3 +11,4 @@ OBJECTIVE = "PIPETRAIN_OBJECTIVE"  # engine.config.objective.ObjectiveSpec
 TRAIN_OPTIONS = "PIPETRAIN_TRAIN_OPTIONS"  # nodes.train_options.TrainOptions
 RUN = "PIPETRAIN_RUN"
 CLUSTER = "PIPETRAIN_CLUSTER"  # engine.config.run.ClusterSpec
+EXPERTS = "PIPETRAIN_EXPERTS"  # nodes.wan_experts.ExpertsSpec

@@ -358,6 +358,6 @@ def test_train_options_default_as_train_pipeline_did_and_old_api_prompts_keep_th
 
     assert all(len(inputs[n][1]["tooltip"]) > 40 for n in ("ema_decay", "ema_start_step"))
     save = PipeTrainSaveLoRA.INPUT_TYPES()["optional"]
-    assert list(save)[-1] == "weights" and save["weights"][0] == ["plain", "ema", "best"]
+    assert list(save)[-2:] == ["weights", "model_low_noise"] and save["weights"][0] == ["plain", "ema", "best"]
     with pytest.raises(ConfigError, match="ema_decay is 1.0"):
         TrainSpec(ema_decay=1.0).validate()

@@ -40,6 +40,9 @@ def test_save_lora_weights_the_run_will_not_make_are_refused(folders):
     checks.check_save_names(_graph(checks.SAVE_LORA, weights="ema"), "8", checks.RunOutputs(ema=True))
     checks.check_save_names(_graph(checks.SAVE_LORA, weights="best"), "8", checks.RunOutputs(eval=True))
     checks.check_save_names(_graph(checks.SAVE_LORA, weights=["3", 0]), "8", checks.RunOutputs())  # wired: later
+    with pytest.raises(ConfigError, match="Save Model's weights is 'ema'.*ema_decay is 0"):  # a full fine-tune's EMA
+        checks.check_save_names(_graph(checks.SAVE_MODEL, weights="ema"), "8", checks.RunOutputs(full=True))
+    checks.check_save_names(_graph(checks.SAVE_MODEL, weights="ema"), "8", checks.RunOutputs(full=True, ema=True))
 
 
 def test_a_taken_save_model_name_is_found_before_training(folders):
