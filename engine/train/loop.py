@@ -222,7 +222,8 @@ def train(cfg: RunConfig, device: torch.device, events: EventLog, phases: SetupP
             tb.add_text("config/changes", "; ".join(f"{c['setting']}: {c['before']!r} -> {c['after']!r}"
                                                     for c in listed), start_step)
     from .samples import SampleRenderer
-    renderer = SampleRenderer.create(cfg, model, device, events, rank, memory)  # samples with the current LoRA (rank 0)
+    # samples with the current LoRA (rank 0), packed like the training rows (their stream shapes)
+    renderer = SampleRenderer.create(cfg, model, device, events, rank, memory, dataset[0]["extras"].get("latent_shapes"))
     meta = _lora_metadata(cfg, dataset.fingerprint)
     from .. import best_step
     from .eval_set import EvalSet, report

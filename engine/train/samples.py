@@ -23,7 +23,9 @@ from ..sample_files import due, read_prompts, unsupported_reason, write_samples
 class SampleRenderer:
     """Renders the run's sample prompts with the model being trained (its LoRA included)."""
 
-    def __init__(self, cfg: RunConfig, model: torch.nn.Module, device: torch.device, events, memory_plan=None):
+    def __init__(self, cfg: RunConfig, model: torch.nn.Module, device: torch.device, events, memory_plan=None,
+                 streams: list | None = None):
+        """streams: the training rows' packed stream shapes (their `latent_shapes`: video, audio), or None."""
         import comfy.samplers
 
         spec = cfg.sample
@@ -35,11 +37,13 @@ class SampleRenderer:
         self.cfg, self.spec, self.model, self.device, self.events = cfg, spec, model, device, events
         self.texts, self.positives, self.negative = read_prompts(spec.prompts_file)
         self.memory_plan = memory_plan  # engine.memory.options.MemoryPlan: block swap may be lifted while sampling
+        self.streams = streams
         self._patcher = None
         self.failed = False
 
     @classmethod
-    def create(cls, cfg: RunConfig, model, device, events, rank: int, memory_plan=None) -> "SampleRenderer | None":
+    def create(cls, cfg: RunConfig, model, device, events, rank: int, memory_plan=None,
+               streams: list | None = None) -> "SampleRenderer | None":
         """The renderer for rank 0 of a run with sample prompts; None otherwise (with a warning event
         when the run asked for samples this setup cannot render)."""
         if not cfg.sample.every or rank != 0:
@@ -48,7 +52,7 @@ class SampleRenderer:
         if reason:
             events.emit("warning", message=reason)
             return None
-        return cls(cfg, model, device, events, memory_plan)
+        return cls(cfg, model, device, events, memory_plan, streams)
 
     def _model_patcher(self):
         if self._patcher is None:
@@ -57,7 +61,10 @@ class SampleRenderer:
 
     def empty_latent(self) -> torch.Tensor:
         """An empty latent of the sample size as KSampler gets it: zeros, then ComfyUI's own fix for empty latents
-        (comfy.sample.fix_empty_latent_channels), which makes MiniMax H3's the video + audio pair it samples."""
+        (comfy.sample.fix_empty_latent_channels), which makes MiniMax H3's the video + audio pair it samples.
+        LTX 2.x's latent format has no such fix (its graphs pack the video with LTXV Empty Latent Audio's
+        zeros: LTXV Concat AV Latent): a run on packed rows samples the video with an empty audio stream of the
+        rows' channels and bins, one frame long (one video frame at 25 latents a second)."""
         import comfy.sample
 
         fmt = self.model.latent_format
@@ -65,7 +72,13 @@ class SampleRenderer:
         shape = [1, int(fmt.latent_channels), max(1, self.spec.height // ratio), max(1, self.spec.width // ratio)]
         if int(getattr(fmt, "latent_dimensions", 2)) == 3:  # video models: one frame
             shape.insert(2, 1)
-        return comfy.sample.fix_empty_latent_channels(self._model_patcher(), torch.zeros(shape))
+        latent = comfy.sample.fix_empty_latent_channels(self._model_patcher(), torch.zeros(shape))
+        if latent.is_nested or not self.streams or len(self.streams) < 2:
+            return latent
+        import comfy.nested_tensor  # packed rows exist only on ComfyUI 0.33+, which has it
+
+        audio = tuple(self.streams[1])
+        return comfy.nested_tensor.NestedTensor((latent, torch.zeros((1, audio[1], 1, *audio[3:]))))
 
     def maybe_render(self, step: int, total: int, should_stop: Callable[[], bool] = lambda: False) -> None:
         """Render if this step is due. A failure (e.g. out of memory) stops the samples, not the training."""

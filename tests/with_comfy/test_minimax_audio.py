@@ -7,7 +7,9 @@ Checked against the network's own input and output (MiniMaxH3Model._forward, spi
   time_shift_sigma(sigma, 12, 3) (what diffusion-pipe trains H3 on);
 - the loss is each stream's own-schedule velocity error, every element weighted alike, computed here from
   the network's outputs;
-- a run with audio frames trains (tests/family_configs_033.py `minimax_h3_t2v_audio` runs the family checks).
+- a run with audio frames trains (tests/family_configs_033.py `minimax_h3_t2v_audio` runs the family checks);
+- training-time samples of H3 and of LTX 2.3 (the other model on packed video + audio rows) sample the pair
+  ComfyUI's nodes make of an empty latent and keep its video.
 """
 from __future__ import annotations
 
@@ -106,4 +108,39 @@ def test_a_training_time_sample_renders_the_video_and_audio_pair_and_keeps_the_v
     patcher = _training_patcher(model, torch.device("cpu"))
     want = comfy.sample.sample(patcher, comfy.sample.prepare_noise(empty, 3), 2, 1.0, "euler", "simple",
                                [[text, extras]], [[text * 0, extras]], empty, disable_pbar=True, seed=3)
+    torch.testing.assert_close(latents, want.unbind()[0].float())
+
+
+def test_a_training_time_sample_of_ltx_23_packs_an_empty_audio_stream_as_ltxs_nodes_do(tmp_path):
+    """LTX 2.3 (LTXAV): ComfyUI has no fix for its empty latent, its graphs pack the video with LTXV Empty Latent
+    Audio's zeros (LTXV Concat AV Latent). A run on packed rows samples that pair (the rows' audio channels and
+    bins, one frame), and the sample file keeps the video: the latent KSampler's path gives for that pair."""
+    import comfy.nested_tensor
+    import comfy.sample
+    import family_configs as fc
+    import family_configs_033_more as more
+
+    from PipeTrain.engine.config.run import RunConfig
+    from PipeTrain.engine.config.sections import SampleSpec
+    from PipeTrain.engine.events import EventLog
+    from PipeTrain.engine.sample_files import read_samples, write_prompts
+    from PipeTrain.engine.train.samples import SampleRenderer, _training_patcher
+
+    host_module("comfy.ldm.lightricks.av_model")
+    model = fc.build(more.LTXAV)
+    text = torch.randn(1, 5, 96, generator=torch.Generator().manual_seed(1))
+    extras = {"unprocessed_ltxav_embeds": True}
+    prompts = write_prompts(tmp_path / "prompts.safetensors", ["a tone"], [(text, extras)], (text * 0, extras))
+    cfg = RunConfig(run_name="ltx", run_dir=str(tmp_path), comfyui_root="c", model_path="m", cache_dir="d",
+                    sample=SampleSpec(every=1, prompts_file=str(prompts), width=64, height=64, steps=2, seed=3))
+    rows = [torch.Size((1, 128, 2, 2, 2)), torch.Size((1, 8, 3, 16))]  # what Cache Latents' audio_vae packs
+    renderer = SampleRenderer(cfg, model, torch.device("cpu"), EventLog(str(tmp_path)), streams=rows)
+    empty = renderer.empty_latent()
+    assert empty.is_nested and [tuple(t.shape) for t in empty.unbind()] == [(1, 128, 1, 2, 2), (1, 8, 1, 16)]
+    latents, _ = read_samples(renderer.render(step=1))
+    assert tuple(latents.shape) == (1, 128, 1, 2, 2) and torch.isfinite(latents).all()
+    pair = comfy.nested_tensor.NestedTensor((torch.zeros(1, 128, 1, 2, 2), torch.zeros(1, 8, 1, 16)))
+    patcher = _training_patcher(model, torch.device("cpu"))
+    want = comfy.sample.sample(patcher, comfy.sample.prepare_noise(pair, 3), 2, 1.0, "euler", "simple",
+                               [[text, extras]], [[text * 0, extras]], pair, disable_pbar=True, seed=3)
     torch.testing.assert_close(latents, want.unbind()[0].float())
