@@ -205,17 +205,7 @@ def _one_after_the_other(relays: dict[str, RunRelay]) -> dict[str, tuple]:
     done = {}
     for half, run in relays.items():
         try:
-            run.start()
-            while run.poll():
-                compat.raise_if_interrupted()
-                time.sleep(POLL_S)
-        except compat.InterruptProcessingException:
-            run.cancel()
-            raise
-        finally:
-            run.close()
-        try:
-            done[half] = run.result()
+            done[half] = run.follow()
         except RunFailed as e:
             after = f"; the {LABELS[LOW]} run was not started" if half == HIGH and LOW in relays else ""
             raise RunFailed(f"Wan 2.2 Experts: the {LABELS[half]} expert's run failed{after}.\n{e}") from None

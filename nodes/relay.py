@@ -143,6 +143,20 @@ class RunRelay:
             self.decoder.close()  # its latest images stay for result()
         self.closed = True
 
+    def follow(self) -> tuple:
+        """Start, relay until the launch ends (Cancel in ComfyUI cancels it after a checkpoint), then result()."""
+        try:
+            self.start()
+            while self.poll():
+                compat.raise_if_interrupted()
+                time.sleep(POLL_S)
+        except compat.InterruptProcessingException:
+            self.cancel()
+            raise
+        finally:
+            self.close()
+        return self.result()
+
     def result(self) -> tuple[RunResult, str, dict]:
         """(RunResult, summary text, the node's ui dict) of a launch that ended; RunFailed if it did not finish."""
         cfg, proc, last = self.cfg, self.proc, self.last
@@ -170,18 +184,7 @@ class RunRelay:
 def relay(cfg: RunConfig, config_path: str, cuda: bool, model_name: str, node_id: str | None = None, vae=None,
           notice: str = ""):
     """Run the launcher to completion, mirroring its events on ComfyUI's progress bar and the node's UI."""
-    run = RunRelay(cfg, config_path, cuda, model_name, node_id=node_id, vae=vae, notice=notice)
-    try:
-        run.start()
-        while run.poll():
-            compat.raise_if_interrupted()
-            time.sleep(POLL_S)
-    except compat.InterruptProcessingException:
-        run.cancel()
-        raise
-    finally:
-        run.close()
-    result, text, ui = run.result()
+    result, text, ui = RunRelay(cfg, config_path, cuda, model_name, node_id=node_id, vae=vae, notice=notice).follow()
     return {"ui": ui, "result": (result, text)}
 
 
