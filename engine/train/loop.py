@@ -265,7 +265,7 @@ def train(cfg: RunConfig, device: torch.device, events: EventLog, phases: SetupP
         # collective on all ranks; rank 0 writes.
         if pipelined:
             named = pipeline.gather_weights(engine.module, lora_names)
-            averaged = pipeline.gather_named(ema.tensors()) if ema else None
+            averaged = pipeline.gather_tensors(ema.tensors()) if ema else None
         else:
             named = (None if full else lora_tensors(model.diffusion_model)) if rank == 0 else None
             averaged = ema.tensors() if ema and rank == 0 else None

@@ -157,10 +157,14 @@ def micro_batches(cfg: RunConfig, engine, adapter, objective: DiffusionObjective
 
 def gather_weights(module: torch.nn.Module, names: dict[int, str]) -> dict[str, torch.Tensor] | None:
     """Every stage's trained tensors (the LoRA, or a full fine-tune's weights) by name on global rank 0 as CPU
-    copies (None elsewhere), one tensor at a time from the first rank that holds it: a full fine-tune's stage
-    holds gigabytes, which gather_named would put on every rank at once (and, with NCCL, through the GPU).
-    A collective: every rank calls it."""
-    mine = {names[id(p)]: p for p in module.parameters() if id(p) in names}
+    copies (None elsewhere): gather_tensors of this rank's. A collective: every rank calls it."""
+    return gather_tensors({names[id(p)]: p for p in module.parameters() if id(p) in names})
+
+
+def gather_tensors(mine: dict[str, torch.Tensor]) -> dict[str, torch.Tensor] | None:
+    """Every rank's tensors by name on global rank 0 as CPU copies (None elsewhere), one tensor at a time from
+    the first rank that holds it: a full fine-tune's stage (or its EMA) holds gigabytes, which gather_named would
+    put on every rank at once. A collective: every rank calls it."""
     listing = [None] * tdist.get_world_size()
     tdist.all_gather_object(listing, {n: (tuple(p.shape), str(p.dtype).removeprefix("torch.")) for n, p in mine.items()})
     rank = tdist.get_rank()
@@ -173,8 +177,8 @@ def gather_weights(module: torch.nn.Module, names: dict[int, str]) -> dict[str, 
             sent.add(name)
             if source == 0 and rank == 0:
                 out[name] = mine[name].detach().to("cpu").contiguous().clone()
-            elif rank == source:
-                tdist.send(mine[name].detach().contiguous(), dst=0)
+            elif rank == source:  # (an EMA kept on the CPU goes through the GPU with NCCL)
+                tdist.send(mine[name].detach().to(on).contiguous(), dst=0)
             elif rank == 0:
                 buffer = torch.empty(shape, dtype=getattr(torch, dtype), device=on)
                 tdist.recv(buffer, src=source)
