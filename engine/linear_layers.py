@@ -29,16 +29,19 @@ FLOAT8 = tuple(getattr(torch, name) for name in ("float8_e4m3fn", "float8_e5m2",
                if hasattr(torch, name))
 
 
+def _is_quantized(data: torch.Tensor) -> bool:
+    """ComfyUI's QuantizedTensor: a tensor subclass that dequantizes itself."""
+    return type(data) is not torch.Tensor and hasattr(data, "dequantize")
+
+
 def is_low_precision(weight: torch.Tensor) -> bool:
-    """A weight that float arithmetic cannot read as it is: ComfyUI's QuantizedTensor (a tensor subclass that
-    dequantizes itself) or a plain float8 tensor (memory.base_dtype float8_*)."""
+    """A weight that float arithmetic cannot read as it is: a QuantizedTensor or a plain float8 tensor
+    (memory.base_dtype float8_*)."""
     data = weight.data if isinstance(weight, nn.Parameter) else weight
-    return (type(data) is not torch.Tensor and hasattr(data, "dequantize")) or data.dtype in FLOAT8
+    return _is_quantized(data) or data.dtype in FLOAT8
 
 
 def float_weight(weight: torch.Tensor) -> torch.Tensor:
     """A float32 copy of a layer's weight, whatever ComfyUI stores it as (quantized tensors dequantized)."""
     data = weight.detach()
-    if type(data) is not torch.Tensor and hasattr(data, "dequantize"):
-        data = data.dequantize()
-    return data.to(torch.float32)
+    return (data.dequantize() if _is_quantized(data) else data).to(torch.float32)

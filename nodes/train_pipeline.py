@@ -52,10 +52,6 @@ ui_feed.register_routes()  # GET /pipetrain/run_state: a reloaded page redraws a
 legacy_prompts.register()  # API prompts that still give Train Options' settings to Train Pipeline
 
 
-def _model_names() -> list[str]:
-    return model_file_names()
-
-
 class PipeTrainTrainPipeline:
     CATEGORY = "PipeTrain"
     DESCRIPTION = ("Train a LoRA out of process with DeepSpeed (data parallel over GPUs; CPU processes when there "
@@ -70,7 +66,7 @@ class PipeTrainTrainPipeline:
     def INPUT_TYPES(cls):
         return {
             "required": {
-                "model_name": (_model_names(), {"tooltip":
+                "model_name": (model_file_names(), {"tooltip":
                                "The model to train, from ComfyUI's diffusion_models (first) or checkpoints folders. "
                                "It is loaded by the training processes with ComfyUI's own loader. GGUF files "
                                "(.gguf, as ComfyUI-GGUF loads them) are listed too: a LoRA trains on them with "

@@ -222,8 +222,10 @@ def train(cfg: RunConfig, device: torch.device, events: EventLog, phases: SetupP
             tb.add_text("config/changes", "; ".join(f"{c['setting']}: {c['before']!r} -> {c['after']!r}"
                                                     for c in listed), start_step)
     from .samples import SampleRenderer
-    # samples with the current LoRA (rank 0), packed like the training rows (their stream shapes)
-    renderer = SampleRenderer.create(cfg, model, device, events, rank, memory, dataset[0]["extras"].get("latent_shapes"))
+    # samples with the current LoRA (rank 0), packed like the training rows (their stream shapes: an item read
+    # only for a run that samples)
+    streams = dataset[0]["extras"].get("latent_shapes") if cfg.sample.every and rank == 0 else None
+    renderer = SampleRenderer.create(cfg, model, device, events, rank, memory, streams)
     meta = _lora_metadata(cfg, dataset.fingerprint)
     from .. import best_step
     from .eval_set import EvalSet, report
