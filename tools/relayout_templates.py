@@ -73,7 +73,7 @@ def _run_tool(script: str, *args: str, with_image: bool = False) -> str:
     from tools.tiny_assets import write_demo_base
 
     with tempfile.TemporaryDirectory(prefix="pipetrain-layout-") as base:
-        assets = write_demo_base(base, extras=("edit", "video"))
+        assets = write_demo_base(base, extras=("edit", "video", "experts"))
         with ComfyServer(str(comfy_root()), base, env={"OMP_NUM_THREADS": "1"}) as server:
             dataset = Path(assets["dataset"])
             image = [sorted(dataset.glob("*.png"))[0].name, dataset.name] if with_image else []

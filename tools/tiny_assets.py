@@ -8,7 +8,7 @@ ENVIRONMENT.md ("An offline demo graph with random-init files") records which sh
 accepts on ComfyUI 0.3.75.
 
     python -m tools.tiny_assets BASE_DIR      # a base dir for `main.py --base-directory BASE_DIR`
-    python -m tools.tiny_assets BASE_DIR --extras edit video   # + the edit/video workflows' files
+    python -m tools.tiny_assets BASE_DIR --extras edit video experts   # + the other workflows' files
 
 This file lays the files out under a ComfyUI base directory (and is the CLI); the writers live in
 tools/tiny_models.py (UNet, VAE, CLIP), tools/tiny_dataset.py (the images) and tools/tiny_init.py
@@ -29,14 +29,15 @@ from .tiny_init import CONTENT_VERSION, _write_text
 from .tiny_models import (UNET_CONFIG, build_tiny_clip, build_tiny_taesd, build_tiny_unet, load_tiny_encoders,
                           write_tiny_clip, write_tiny_unet, write_tiny_vae)
 
-__all__ = ["CLIP_FILE", "COLOURS", "CONTENT_VERSION", "DATASET_DIR", "SHAPES", "STAMP_FILE", "UNET_CONFIG",
-           "UNET_FILE", "VAE_FILE", "build_tiny_clip", "build_tiny_taesd", "build_tiny_unet", "load_tiny_encoders",
+__all__ = ["CLIP_FILE", "COLOURS", "CONTENT_VERSION", "DATASET_DIR", "EVAL_DIR", "SHAPES", "STAMP_FILE",
+           "UNET_CONFIG", "UNET_FILE", "VAE_FILE", "build_tiny_clip", "build_tiny_taesd", "build_tiny_unet", "load_tiny_encoders",
            "main", "write_demo_base", "write_tiny_clip", "write_tiny_dataset", "write_tiny_unet", "write_tiny_vae"]
 
 UNET_FILE = "pipetrain-tiny-unet.safetensors"
 VAE_FILE = "pipetrain-tiny-taesd.safetensors"
 CLIP_FILE = "pipetrain-tiny-clip-l.safetensors"
 DATASET_DIR = "pipetrain-demo-dataset"
+EVAL_DIR = "pipetrain-demo-eval"  # held out: none of its images is in DATASET_DIR (the best-step workflow's eval set)
 STAMP_FILE = "pipetrain-demo-assets.json"
 
 
@@ -58,15 +59,16 @@ def write_demo_base(base_dir: str, seed: int = 0, extras: tuple[str, ...] = ()) 
 
     Files already written by the same CONTENT_VERSION and seed (per the stamp file) are kept.
     Returns {"unet", "vae", "clip"}: names as ComfyUI lists them; "dataset": the dataset's absolute
-    folder; "base_dir": the absolute base directory. extras: also the files of the "edit" (Flux
-    Kontext, 0.8 GB) and/or "video" (HunyuanVideo) example workflows (tools/tiny_families.py),
-    returned under those keys; files of extras written by an earlier call stay in the stamp.
+    folder; "eval_dataset": the held-out eval set's; "base_dir": the absolute base directory. extras: also
+    the files of the "edit" (Flux Kontext, 0.8 GB), "video" (HunyuanVideo) and/or "experts" (Wan 2.2 pair)
+    example workflows (tools/tiny_families.py), returned under those keys; files of extras written by an earlier call stay in the stamp.
     """
     from . import tiny_families
 
     base = os.path.abspath(base_dir)
     dataset = os.path.join(base, "input", DATASET_DIR)
-    n_images = 8
+    eval_set = os.path.join(base, "input", EVAL_DIR)
+    n_images, n_eval = 8, 4
     models = os.path.join(base, "models")
     groups = [  # (the files a step writes, relative to base; the step)
         ([f"models/diffusion_models/{UNET_FILE}"],
@@ -76,6 +78,8 @@ def write_demo_base(base_dir: str, seed: int = 0, extras: tuple[str, ...] = ()) 
          lambda: write_tiny_clip(os.path.join(models, "text_encoders", CLIP_FILE), seed)),
         ([f"input/{DATASET_DIR}/{s}{ext}" for s in _dataset_stems(n_images) for ext in (".png", ".txt")],
          lambda: write_tiny_dataset(dataset, n=n_images, size=64, seed=seed)),
+        ([f"input/{EVAL_DIR}/{s}{ext}" for s in _dataset_stems(n_eval) for ext in (".png", ".txt")],
+         lambda: write_tiny_dataset(eval_set, n=n_eval, size=64, seed=seed, skip=n_images)),
     ]
     extra_groups = tiny_families.groups(base, seed)
     unknown = sorted(set(extras) - set(extra_groups))
@@ -103,7 +107,8 @@ def write_demo_base(base_dir: str, seed: int = 0, extras: tuple[str, ...] = ()) 
     _write_text(stamp_path, json.dumps({**want, "files": dict(sorted(files.items()))}, indent=1))
     _write_settings(os.path.join(base, "user", "default", "comfy.settings.json"))
     extra_names = tiny_families.names(base)
-    return {"unet": UNET_FILE, "vae": VAE_FILE, "clip": CLIP_FILE, "dataset": dataset, "base_dir": base,
+    return {"unet": UNET_FILE, "vae": VAE_FILE, "clip": CLIP_FILE, "dataset": dataset, "eval_dataset": eval_set,
+            "base_dir": base,
             **{name: extra_names[name] for name in extras}}
 
 
@@ -111,8 +116,9 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="Write PipeTrain's tiny random-init demo assets.")
     parser.add_argument("base_dir", help="ComfyUI base directory to populate (for main.py --base-directory)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--extras", nargs="*", default=[], choices=["edit", "video"],
-                        help="also the files of these example workflows (edit: Flux Kontext, 0.8 GB; video: HunyuanVideo)")
+    parser.add_argument("--extras", nargs="*", default=[], choices=["edit", "video", "experts"],
+                        help="also the files of these example workflows (edit: Flux Kontext, 0.8 GB; video: "
+                             "HunyuanVideo; experts: the Wan 2.2 pair's low-noise stand-in)")
     args = parser.parse_args(argv)
     start = time.perf_counter()
     result = write_demo_base(args.base_dir, seed=args.seed, extras=tuple(args.extras))

@@ -45,13 +45,15 @@ def _draw(shape: str, fg, bg, size: int, rng: random.Random):
     return img
 
 
-def write_tiny_dataset(folder: str, n: int = 8, size: int = 64, seed: int = 0) -> list[str]:
-    """n PNGs of one coloured shape on a gradient, each with a `.txt` caption naming both colours."""
+def write_tiny_dataset(folder: str, n: int = 8, size: int = 64, seed: int = 0, skip: int = 0) -> list[str]:
+    """n PNGs of one coloured shape on a gradient, each with a `.txt` caption naming both colours.
+    skip: leave out the shape/colour combinations the first `skip` images of the same seed have (a held-out
+    eval set beside a training set of `skip` images: no image of one is in the other)."""
     combos = [(s, fg, bg) for s in SHAPES for fg in COLOURS for bg in COLOURS if fg != bg]
-    if n > len(combos):
-        raise ValueError(f"write_tiny_dataset makes at most {len(combos)} distinct images, asked for {n}")
+    if skip + n > len(combos):
+        raise ValueError(f"write_tiny_dataset makes at most {len(combos)} distinct images, asked for {skip + n}")
     rng = random.Random(seed)
-    chosen = rng.sample(combos, n)
+    chosen = rng.sample(combos, skip + n)[skip:]  # random.sample's first picks do not depend on how many
     paths = []
     for stem, (shape, fg, bg) in zip(_dataset_stems(n), chosen):
         base = os.path.join(folder, stem)

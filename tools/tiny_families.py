@@ -1,4 +1,4 @@
-"""Random-init files for the edit (Flux Kontext) and video (HunyuanVideo) example workflows.
+"""Random-init files for the edit (Flux Kontext), video (HunyuanVideo) and Wan 2.2 experts example workflows.
 
 Like tools/tiny_assets.py (helpers from tools/tiny_init.py, tiny_models.py, tiny_dataset.py):
 ComfyUI's own classes, every tensor seeded, files its stock loaders detect as the real families.
@@ -27,7 +27,7 @@ import torch
 from .tiny_config import host_config
 from .tiny_dataset import COLOURS, SHAPES, _article, _draw
 from .tiny_init import _atomic, _ensure_comfy, _init_all, _one_thread, _save, _write_text
-from .tiny_models import build_tiny_taesd
+from .tiny_models import build_tiny_taesd, write_tiny_unet
 
 FLUX_FILE = "pipetrain-tiny-flux-kontext.safetensors"
 FLUX_VAE_FILE = "pipetrain-tiny-taef1.safetensors"
@@ -38,6 +38,10 @@ EDIT_CONTROL_DIR = "pipetrain-demo-edit-control"
 EDIT_EXAMPLE = "pipetrain-demo-edit-input.png"  # a control image at the top of input/, for LoadImage
 VIDEO_DIR = "pipetrain-demo-video"
 VIDEO_FRAMES = 5  # 4k+1; TAEHV encodes 5 frames as 2 latent frames
+# The Wan 2.2 experts workflow's low-noise expert: the demo UNet again (tiny_assets.UNET_FILE is the high-noise
+# one). No tiny Wan 2.2 pair can be conditioned by the demo's CLIP-L (detection pins Wan's text width to umT5's
+# 4096), so the demo shows the pair's graph on two SD1.5-shaped files; real Wan files go in the same loaders.
+LOW_NOISE_FILE = "pipetrain-tiny-unet-low-noise.safetensors"
 N_ITEMS = 8
 
 FLUX_CONFIG = dict(image_model="flux", in_channels=16, out_channels=16, vec_in_dim=768, context_in_dim=768,
@@ -178,6 +182,10 @@ def groups(base: str, seed: int) -> dict[str, list]:
             ([f"input/{VIDEO_DIR}/{s}{ext}" for s in _stems(N_ITEMS) for ext in (".mkv", ".txt")],
              lambda: write_video_dataset(os.path.join(inp, VIDEO_DIR), seed=seed)),
         ],
+        "experts": [
+            ([f"models/diffusion_models/{LOW_NOISE_FILE}"],
+             lambda: write_tiny_unet(os.path.join(models, "diffusion_models", LOW_NOISE_FILE), seed)),
+        ],
     }
 
 
@@ -189,5 +197,6 @@ def names(base: str) -> dict[str, dict]:
                  "control": os.path.join(inp, EDIT_CONTROL_DIR), "image": EDIT_EXAMPLE},
         "video": {"unet": HUNYUAN_FILE, "vae": TAEHV_FILE, "dataset": os.path.join(inp, VIDEO_DIR),
                   "frames": VIDEO_FRAMES},
+        "experts": {"low_noise": LOW_NOISE_FILE},
     }
 

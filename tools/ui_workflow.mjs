@@ -25,6 +25,16 @@ const THUMB_COLUMNS = 4;
 // 26 FluxGuidance) sit between the test prompts and the samplers.
 const COLUMNS = [["1", "2", "3"], ["4", "5", "6", "7"], ["8"], ["9", "19", "20"], ["21", "22"],
   ["10", "11", "12", "23", "24"], ["25", "26"], ["13", "16"], ["14", "17"], ["15", "18"]];
+// Workflows whose ids mean other nodes. Best step: the eval set (24 Load Dataset, 25 Cache Latents) under
+// the training set, Train Options (23) with the other settings, the LoRA Grid (13) beside the test sampler
+// (15). Wan 2.2 experts: the low-noise loader (31) under the high-noise one, Wan 2.2 Experts (30) with the
+// settings; two KSamplerAdvanced stages per test (13 then 16 with the LoRAs, 17 then 18 without).
+const COLUMNS_OF = {
+  train_pick_best_step: [["1", "2", "3"], ["4", "5", "24", "25"], ["6", "7", "23"], ["8"], ["9", "19", "20"],
+    ["10", "11", "12"], ["13", "15"], ["14", "16"], ["17"]],
+  train_wan22_experts_then_test: [["1", "31", "2", "3"], ["4", "5", "6", "7", "30"], ["8"], ["9", "19", "20"],
+    ["10", "11", "12"], ["13", "17"], ["16", "18"], ["14", "21"], ["15", "22"]],
+};
 
 const browser = await openBrowser({ width: 2400, height: 1400 });
 try {
@@ -63,7 +73,7 @@ try {
     }
     graph.setDirtyCanvas(true, true);
     return { right, bottom, thumbRight: thumbRight || right };
-  }, { columns: COLUMNS, thumbColumns: THUMB_COLUMNS });
+  }, { columns: COLUMNS_OF[path.basename(outJson, ".json")] ?? COLUMNS, thumbColumns: THUMB_COLUMNS });
   // Clear the view (banner, minimap), then fit the whole graph below the top bars and right of the sidebar.
   await page.locator("[data-testid=close-minmap-button], [data-testid=toggle-minimap-button]").first().click().catch(() => {});
   const view = { left: 70, top: 140, width: 2400 - 80, height: 1400 - 150 };

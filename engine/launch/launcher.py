@@ -248,7 +248,9 @@ def failure_cause(cfg: RunConfig, proc: subprocess.Popen, errors: list[dict], lo
 def _parse(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m engine.launch.launcher", description="Run a PipeTrain run.json "
                                      "headless. On several machines with cluster.no_ssh, run it on every node.")
-    parser.add_argument("config", help="the run's run.json")
+    parser.add_argument("config", nargs="+", help="the run's run.json; several: one run after the other, each "
+                        "started only when the one before it finished (a Wan 2.2 experts pair: <run>_high_noise's, "
+                        "then <run>_low_noise's). Every one is checked before the first starts.")
     parser.add_argument("--node_rank", type=int, help="this machine's node rank (0 = master); overrides run.json")
     parser.add_argument("--master_addr", help="node 0's address, as every node reaches it; overrides run.json")
     parser.add_argument("--master_port", type=int, help="node 0's rendezvous port; overrides run.json")
@@ -259,31 +261,43 @@ def _interrupt(signum, frame):
     raise KeyboardInterrupt  # SIGTERM (e.g. a cancelled SLURM job) stops the run like Ctrl+C
 
 
-def _main(argv: list[str]) -> int:
-    """Headless: launch the run described by a run.json on this node and wait, relaying its log."""
-    args = _parse(argv)
-    try:
-        cfg = RunConfig.load(args.config)
-        cfg.check_files()  # before launch; every rank checks its own node's copies again at start
-        node = cluster.plan(cfg, args.node_rank, args.master_addr, args.master_port)
-        if node is not None:  # fail fast, before the slow torch import (spawn checks again)
-            cluster.check_master(node)
-        import torch
+def _checked(paths: list[str]) -> list[RunConfig]:
+    """Every run.json loaded and its files checked, before any starts; ConfigError names the file at fault."""
+    configs, folders = [], {}
+    for path in paths:
+        try:
+            cfg = RunConfig.load(path)
+            cfg.check_files()  # before launch; every rank checks its own node's copies again at start
+        except ConfigError as e:
+            raise ConfigError(f"{path}: {e}" if len(paths) > 1 else str(e)) from None
+        folder = os.path.realpath(cfg.run_dir)
+        if folder in folders:
+            raise ConfigError(f"{path} and {folders[folder]} both train in {cfg.run_dir}: give each run its own "
+                              "run_dir (or launch the folder once).")
+        folders[folder] = path
+        configs.append(cfg)
+    return configs
 
-        tail = EventTail(cfg.run_dir, start_at_end=True)
-        log = Path(cfg.run_dir) / log_name(cfg.launch.cluster.node_rank if args.node_rank is None else args.node_rank)
-        log_start = log_size(cfg.run_dir, log.name)
-        proc = spawn(cfg, os.path.abspath(args.config), cuda=torch.cuda.is_available(), node_rank=args.node_rank,
-                     master_addr=args.master_addr, master_port=args.master_port)
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+
+def _run_one(cfg: RunConfig, config_path: str, args: argparse.Namespace) -> tuple[int, bool]:
+    """Launch one run on this node and wait, relaying its log: (exit code, whether Ctrl+C / SIGTERM stopped it)."""
+    node = cluster.plan(cfg, args.node_rank, args.master_addr, args.master_port)
+    if node is not None:  # fail fast, before the slow torch import (spawn checks again)
+        cluster.check_master(node)
+    import torch
+
+    tail = EventTail(cfg.run_dir, start_at_end=True)
+    log = Path(cfg.run_dir) / log_name(cfg.launch.cluster.node_rank if args.node_rank is None else args.node_rank)
+    log_start = log_size(cfg.run_dir, log.name)
+    proc = spawn(cfg, os.path.abspath(config_path), cuda=torch.cuda.is_available(), node_rank=args.node_rank,
+                 master_addr=args.master_addr, master_port=args.master_port)
     print(f"training in {cfg.run_dir} (log: {log}); Ctrl+C stops after a checkpoint", flush=True)
-    signal.signal(signal.SIGTERM, _interrupt)
+    stopped = False
     try:
         while proc.poll() is None:
             time.sleep(1.0)
     except KeyboardInterrupt:
+        stopped = True
         request_cancel(cfg.run_dir)
         try:
             proc.wait(timeout=60)
@@ -296,7 +310,29 @@ def _main(argv: list[str]) -> int:
     cause = failure_cause(cfg, proc, errors, log_start, log.name) if proc.returncode else ""
     if cause or errors:  # the engine's own explanation, clearer than the last lines of a traceback
         print(f"error: {cause or errors[0].get('message', '')}", file=sys.stderr)
-    return proc.returncode or 0
+    return proc.returncode or 0, stopped
+
+
+def _main(argv: list[str]) -> int:
+    """Headless: launch the runs described by run.json files on this node, one after the other, and wait."""
+    args = _parse(argv)
+    signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        configs = _checked(args.config)
+        for i, (cfg, path) in enumerate(zip(configs, args.config)):
+            code, stopped = _run_one(cfg, path, args)
+            left = args.config[i + 1:]
+            if (code or stopped) and left:
+                why = "was stopped" if stopped else f"failed (exit code {code})"
+                print(f"not started, because {path} {why}: {', '.join(left)}", file=sys.stderr)
+            if code or stopped:
+                return code
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:  # before a run had started: nothing to stop
+        return 130
+    return 0
 
 
 if __name__ == "__main__":

@@ -1,7 +1,9 @@
-"""The edit and video example workflows, run as shipped: their API twins (example_workflows/api/) go
+"""The edit, video, best-step and Wan 2.2 experts example workflows, run as shipped: their API twins (example_workflows/api/) go
 through POST /prompt to a real ComfyUI server, train a LoRA on the demo's random-init files
-(tools/tiny_families.py: a Flux Kontext and a HunyuanVideo that ComfyUI's own loaders detect), save
-it, and sample with and without it. The image workflow is tests/e2e/test_comfy_e2e.py's."""
+(tools/tiny_families.py: a Flux Kontext and a HunyuanVideo that ComfyUI's own loaders detect; the demo UNet
+with a held-out eval set for the best step; the demo UNet twice for the Wan pair's plumbing), save it, and
+sample with it. The image workflow is
+tests/e2e/test_comfy_e2e.py's."""
 from __future__ import annotations
 
 import json
@@ -22,7 +24,7 @@ WORKFLOWS = REPO / "example_workflows"
 @pytest.fixture(scope="module")
 def assets(demo_base) -> dict:
     """The demo base with the edit and video workflows' files added (the server lists new files)."""
-    return write_demo_base(demo_base["base_dir"], extras=("edit", "video"))
+    return write_demo_base(demo_base["base_dir"], extras=("edit", "video", "experts"))
 
 
 def _workflow(name: str, files: dict, run_name: str, steps: int) -> dict:
@@ -87,12 +89,73 @@ def test_video_workflow_trains_and_the_lora_changes_the_video(comfy_server, asse
     assert videos["with_lora"].read_bytes() != videos["without_lora"].read_bytes(), "the LoRA did not change the video"
 
 
-def test_the_three_workflows_are_listed_in_the_template_browser(comfy_server):
+def test_the_best_step_workflow_saves_the_step_with_the_lowest_eval_loss_and_grids_the_saved_steps(comfy_server,
+                                                                                                     demo_base):
+    from safetensors.torch import load_file
+
+    prompt = json.loads((WORKFLOWS / "api" / "train_pick_best_step_api.json").read_text(encoding="utf-8"))
+    loads = {n["inputs"]["folders"]: n["inputs"] for n in prompt.values() if n["class_type"] == "PipeTrainLoadDataset"}
+    assert set(loads) == {Path(demo_base["dataset"]).name, Path(demo_base["eval_dataset"]).name}
+    for folder in (demo_base["dataset"], demo_base["eval_dataset"]):
+        loads[Path(folder).name]["folders"] = folder
+    by_type = {node["class_type"]: node["inputs"] for node in prompt.values()}
+    assert by_type["PipeTrainTrainPipeline"]["eval_cache"] != by_type["PipeTrainTrainPipeline"]["cache"]
+    assert by_type["PipeTrainSaveLoRA"]["weights"] == "best"
+    by_type["PipeTrainTrainPipeline"].update(steps=30, run_name="example_best")  # saves and evals every 10
+    by_type["PipeTrainSaveLoRA"].update(name="example_best", overwrite=True)
+    entry = comfy_server.run(prompt, timeout=600)
+    run_dir = Path(demo_base["base_dir"]) / "output" / "pipetrain" / "example_best"
+    history = json.loads((run_dir / "best.json").read_text(encoding="utf-8"))["history"]
+    assert [e["step"] for e in history] == [0, 10, 20, 30], history
+    saved = [e for e in history if e["file"]]
+    best = min(saved, key=lambda e: e["eval_loss"])
+    texts = [o["text"][0] for o in entry["outputs"].values() if o.get("text")]
+    assert f"saved pipetrain/example_best.safetensors (best eval step, {best['file']})" in texts, (texts, history)
+    written = load_file(str(Path(demo_base["base_dir"]) / "models" / "loras" / "pipetrain" / "example_best.safetensors"))
+    source = load_file(str(run_dir / "lora" / best["file"]))
+    assert written.keys() == source.keys() and all(written[k].equal(source[k]) for k in source)
+    assert "3 saved step(s) x 3 strength(s) of run example_best" in texts, texts
+    paths = {Path(p).parent.name + "/" + Path(p).name.split("_0")[0]: p for p in comfy_server.image_paths(entry)}
+    from PIL import Image
+
+    cell, label, header, gap = 128, 70, 24, 4  # nodes/plot_draw.py grid_image at cell_size 128, 64-px samples
+    grid = Image.open(paths["pipetrain_best_step_demo/lora_grid"])
+    assert grid.size == (label + 3 * (cell + gap), header + 3 * (cell + gap)), grid.size
+    assert Image.open(paths["pipetrain_best_step_demo/with_best_lora"]).size == (64, 64)
+
+
+def test_the_wan_experts_workflow_trains_a_pair_and_samples_with_both_experts(comfy_server, assets):
+    prompt = json.loads((WORKFLOWS / "api" / "train_wan22_experts_then_test_api.json").read_text(encoding="utf-8"))
+    by_type = {node["class_type"]: node["inputs"] for node in prompt.values()}
+    low = assets["experts"]["low_noise"]
+    assert by_type["PipeTrainWanExperts"]["low_noise_model"] == low
+    assert sorted(n["inputs"]["unet_name"] for n in prompt.values() if n["class_type"] == "UNETLoader") == sorted(
+        [by_type["PipeTrainTrainPipeline"]["model_name"], low])
+    by_type["PipeTrainLoadDataset"]["folders"] = assets["dataset"]
+    by_type["PipeTrainTrainPipeline"].update(steps=4, run_name="example_experts")
+    by_type["PipeTrainSaveLoRA"].update(name="example_experts", overwrite=True)
+    stages = [n["inputs"] for n in prompt.values() if n["class_type"] == "KSamplerAdvanced"]
+    assert len(stages) == 4 and {s["end_at_step"] for s in stages if s["add_noise"] == "enable"} == {5}
+    entry = comfy_server.run(prompt, timeout=900)
+    texts = [o["text"][0] for o in entry["outputs"].values() if o.get("text")]
+    pair = "saved pipetrain/example_experts_high_noise.safetensors and pipetrain/example_experts_low_noise.safetensors"
+    assert pair in texts, texts
+    runs = Path(assets["base_dir"]) / "output" / "pipetrain"
+    high = by_type["PipeTrainTrainPipeline"]["model_name"]
+    for half, model, noise in (("high_noise", high, (0.875, 1.0)), ("low_noise", low, (0.0, 0.875))):
+        cfg = json.loads((runs / f"example_experts_{half}" / "run.json").read_text(encoding="utf-8"))
+        assert Path(cfg["model_path"]).name == model and (cfg["train"]["min_t"], cfg["train"]["max_t"]) == noise
+    saved = {Path(p).name.split("_0")[0]: Path(p) for p in comfy_server.image_paths(entry)}
+    assert saved["with_lora"].read_bytes() != saved["without_lora"].read_bytes(), "the pair changed nothing"
+
+
+def test_the_five_workflows_are_listed_in_the_template_browser(comfy_server):
     # The template browser's list: GET /api/workflow_templates maps each custom node pack to the .json
     # files directly in its example_workflows/ (the frontend shows <name>.jpg as the thumbnail).
     listed = requests.get(comfy_server.url + "/api/workflow_templates", timeout=30).json()
     names = listed.get(PACK_NAME, [])
-    expected = {"train_lora_then_test", "train_edit_lora_then_test", "train_video_lora_then_test"}
+    expected = {"train_lora_then_test", "train_edit_lora_then_test", "train_video_lora_then_test",
+                "train_pick_best_step", "train_wan22_experts_then_test"}
     assert set(names) == expected, listed  # tests/unit/test_package.py checks each against its API twin
     for name in expected:
         thumb = requests.get(f"{comfy_server.url}/api/workflow_templates/{PACK_NAME}/{name}.jpg", timeout=30)
