@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
+import requests
 
 from tools.comfy_server import ComfyError, ComfyInterrupted
 from engine_runs import engine_processes
@@ -107,6 +108,11 @@ def test_cancel_stops_training_within_10_seconds(comfy_server, demo_base):
     assert took < 10, f"Cancel took {took:.1f} s"
     assert not engine_processes(str(_run_dir(demo_base, "cancel_me"))), "a rank outlived Cancel"
     assert (_run_dir(demo_base, "cancel_me") / "checkpoints" / "latest").is_file(), "Cancel left no checkpoint"
+    # A Cancel is ComfyUI's own interrupt, not an error of the node: ComfyUI 0.33+ lists the job as cancelled.
+    jobs = requests.get(f"{comfy_server.url}/api/jobs", timeout=30)
+    if jobs.status_code != 404:  # ComfyUI 0.3.75 has no jobs API (its history has execution_interrupted)
+        status = {job["id"]: job["status"] for job in jobs.json()["jobs"]}
+        assert status.get(prompt_id) == "cancelled", status
 
 
 def test_a_crashing_rank_becomes_a_node_error_with_the_log(comfy_server, demo_base, tmp_path):
