@@ -1,7 +1,8 @@
 """events.jsonl: the engine's one-way report to whoever launched it (the node, or a shell user).
 
 One JSON object per line, appended and flushed by rank 0 only. Kinds: started, step, sampling,
-sample, saved, checkpoint, warning, cancelled, done, error; memory_plan and memory_plan_check for memory
+sample, saved, checkpoint, warning, cancelled, finish_requested (Stop & save: its step is the
+run's last), done, error; memory_plan and memory_plan_check for memory
 plan 'fit' (engine/train/fit_setup.py). A step carries its loss, lr and grad_norm
 (the LoRA's gradient norm before clipping, engine/train/grad_norm.py); saved and done name the EMA
 file too when train.ema_decay keeps one (ema_path; lora_ema, or model_ema for a full fine-tune). The reader side (`EventTail`) is used

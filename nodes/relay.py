@@ -3,13 +3,16 @@
 RunRelay holds one launcher process. Train Pipeline relays one of them to completion (`relay`); the Wan 2.2
 experts pair (nodes/expert_pair.py) relays two, one after the other or side by side (`poll` on each in turn).
 Cancel in ComfyUI asks the engine to checkpoint and exit, kills the process group if it does not within a few
-seconds, then raises ComfyUI's interrupt.
+seconds, then raises ComfyUI's interrupt. Stop & save (POST /pipetrain/finish, nodes/ui_feed.py) finds a node's
+running launches here (`finish_runs`) and asks each to end after its current step as a finished run: the node
+returns normally and the rest of the graph runs.
 """
 from __future__ import annotations
 
 import atexit
 import os
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -25,6 +28,8 @@ from .train_samples import SampleDecoder
 CANCEL_GRACE_S = 7.0  # the engine checkpoints and exits within this; then the group is killed
 POLL_S = 0.25
 _running: set = set()  # launcher processes alive in this ComfyUI, ended if ComfyUI exits
+_by_node: dict[str, list["RunRelay"]] = {}  # ComfyUI node id -> its launches running now (for Stop & save)
+_by_node_lock = threading.Lock()  # the server's route reads it from another thread
 
 
 @atexit.register
@@ -48,6 +53,7 @@ class RunRelay:
     def __init__(self, cfg: RunConfig, config_path: str, cuda: bool, model_name: str, node_id: str | None = None,
                  vae=None, notice: str = "", shown: bool = True):
         self.cfg, self.config_path, self.cuda, self.model_name, self.notice = cfg, config_path, cuda, model_name, notice
+        self.owner = str(node_id) if node_id is not None else ""  # the node Stop & save names (shown or not)
         self.node_id = node_id if shown else None
         self.vae = vae if shown else None
         self.shown = shown
@@ -69,6 +75,9 @@ class RunRelay:
         self.log_start = launcher.log_size(cfg.run_dir)
         self.proc = launcher.spawn(cfg, self.config_path, self.cuda, owner=os.getpid())  # kill -9 of ComfyUI stops it
         _running.add(self.proc)
+        if self.owner:  # after spawn: the launch removes a finish file left by an earlier attempt
+            with _by_node_lock:
+                _by_node.setdefault(self.owner, []).append(self)
         self.bar = compat.progress_bar(max(1, cfg.train.steps)) if self.shown else None
         return self
 
@@ -96,6 +105,10 @@ class RunRelay:
             elif kind == "early_stop":  # eval.early_stop ended the run before its last step
                 compat.log.info("[PipeTrain] %s %s", name, ev.get("message", ""))
                 self.early = ev.get("message", "")
+            elif kind == "finish_requested":  # Stop & save: this step is the last; the final LoRA is saved next
+                compat.log.info("[PipeTrain] %s %s", name, ev.get("message", ""))
+                self.early = ev.get("message", "")
+                self.feed.status("stopping", "saving this step's LoRA, then the graph goes on")
             elif kind == "memory_plan":  # memory plan 'fit': what it chose, predicted peak and s/step
                 self.plan = ev.get("message", "")
                 compat.log.info("[PipeTrain] %s %s", name, self.plan)
@@ -126,6 +139,13 @@ class RunRelay:
                 self.checkpoint = ev
         self.feed.status("cancelled", _cancelled_reason(self.cfg.run_name, self.checkpoint))
 
+    def finish(self) -> bool:
+        """Stop & save: the engine ends after the current step as if it were the last; whether it was running."""
+        if self.proc is None or self.proc.poll() is not None:
+            return False
+        launcher.request_finish(self.cfg.run_dir)
+        return True
+
     def stop(self, reason: str) -> None:
         """End a launch whose partner failed: the same as Cancel, with the reason on its status line."""
         self.cancel()
@@ -138,6 +158,12 @@ class RunRelay:
         if self.proc.poll() is None:
             launcher.kill_tree(self.proc)
         _running.discard(self.proc)
+        with _by_node_lock:
+            mine = _by_node.get(self.owner, [])
+            if self in mine:
+                mine.remove(self)
+            if not mine:
+                _by_node.pop(self.owner, None)
         launcher.release(self.cfg, self.proc)
         if self.decoder is not None and not self.closed:
             self.decoder.close()  # its latest images stay for result()
@@ -186,6 +212,14 @@ def relay(cfg: RunConfig, config_path: str, cuda: bool, model_name: str, node_id
     """Run the launcher to completion, mirroring its events on ComfyUI's progress bar and the node's UI."""
     result, text, ui = RunRelay(cfg, config_path, cuda, model_name, node_id=node_id, vae=vae, notice=notice).follow()
     return {"ui": ui, "result": (result, text)}
+
+
+def finish_runs(node_id: str) -> list[str]:
+    """Stop & save for a node: ask each of its running launches (both of a Wan 2.2 experts pair side by side, the
+    one running now of a pair one after the other) to end after its current step; their run names, [] for none."""
+    with _by_node_lock:
+        relays = list(_by_node.get(str(node_id), []))
+    return [run.cfg.run_name for run in relays if run.finish()]
 
 
 def _show_samples(decoder: SampleDecoder, feed: ui_feed.RunFeed, bar, event: dict, last: dict) -> None:

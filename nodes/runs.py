@@ -32,7 +32,7 @@ class RunResult:
     total_steps: int
     final_loss: float
     model_name: str
-    status: str  # "done" or "cancelled"
+    status: str  # "done" (also after Stop & save or early_stop: steps < total_steps) or "cancelled"
     ema_path: str = ""  # the EMA of lora_path's weights (train.ema_decay), "" when the run kept none
     # A Wan 2.2 experts pair (nodes/expert_pair.py): this result is the high-noise run, low_noise the low-noise one
     low_noise: "RunResult | None" = None
@@ -142,7 +142,9 @@ def resumed_objective(run_dir: Path) -> ObjectiveSpec:
 
 
 def summary_text(result: RunResult) -> str:
-    verb = "trained" if result.status == "done" else "stopped (cancelled) at"
+    verb = "stopped (cancelled) at"
+    if result.status == "done":  # ended before its steps: Stop & save or early_stop (the relay adds which)
+        verb = "trained" if result.steps >= result.total_steps else "ended early at"
     ema = f"\nEMA LoRA: {result.ema_path}" if result.ema_path else ""
     saved = f"LoRA: {result.lora_path}"
     if not result.lora_path:  # a full fine-tune (lora.kind full) saves the model instead (engine/model_files.py)

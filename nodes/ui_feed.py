@@ -1,4 +1,4 @@
-"""What the browser sees of a run: PromptServer messages keyed by node id, and one HTTP route.
+"""What the browser sees of a run: PromptServer messages keyed by node id, and two HTTP routes.
 
 The TrainPipeline node's relay forwards every engine event to the browser as a `pipetrain.run`
 message ({"node", "run", "type": "reset" | "event" | "samples" | "status", ...}); web/pipetrain.js
@@ -10,6 +10,9 @@ so spikes stay visible, the newest RECENT events whole, the last KEEP_PER_KIND o
 and the newest KEEP_SAMPLES samples (what the node's strip shows); a failed run also keeps the last
 LOG_LINES lines of its train.log (each cut to LOG_LINE_CHARS), shown under the error. Every event
 stays in events.jsonl and every sample in the run folder.
+
+POST /pipetrain/finish {"node": <id>} is the node's Stop & save button: that node's running launch ends after
+its current step as a finished run (nodes/relay.py finish_runs).
 """
 from __future__ import annotations
 
@@ -186,5 +189,22 @@ def register_routes() -> None:
             return web.json_response({"error": f"no PipeTrain run for node {node!r} since this ComfyUI started"},
                                      status=404)
         return web.json_response(state)
+
+    @server.routes.post("/pipetrain/finish")
+    async def _finish(request):
+        # Stop & save: {"node": "<id>"} ends that node's running launch after its current step, as a finished run.
+        # Only the node id is read: the run folder is the one this ComfyUI launched for it.
+        from .relay import finish_runs  # the relay imports this module
+
+        try:
+            body = await request.json()
+        except ValueError:
+            body = None
+        node = str(body.get("node", "")) if isinstance(body, dict) else ""
+        names = finish_runs(node) if node else []
+        if not names:
+            return web.json_response({"error": f"Stop & save: node {node!r} has no PipeTrain run training now "
+                                               "(it ended, or has not started yet)"}, status=404)
+        return web.json_response({"ok": True, "run": ", ".join(names)})
 
     server._pipetrain_routes = True

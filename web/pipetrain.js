@@ -3,7 +3,9 @@
 //   ({"ui": {"text": [...]}}: the dataset nodes' report of skipped and altered files).
 // - TrainPipeline gets a training view, its first widget: status line (caching, loading, training, sampling, saving,
 //   cancelled, failed + reason), step / total / loss / grad norm / ETA, a live loss chart (raw +
-//   smoothed; LR and gradient norm on hover) and a strip of the newest samples. It is fed by
+//   smoothed; LR and gradient norm on hover) and a strip of the newest samples. While its run trains, a
+//   "Stop & save" button beside the status line POSTs /pipetrain/finish: the run ends after the current step
+//   as a finished one (final LoRA, checkpoint) and the rest of the graph runs. It is fed by
 //   `pipetrain.run` messages keyed by node id (nodes/ui_feed.py) and, after a page reload, by
 //   GET /pipetrain/run_state?node=<id>. A node shows only the run its settings name (run_name, or the
 //   run it resumes: runMatches); queueing a prompt resets its view until its run reports (or the
@@ -11,7 +13,8 @@
 // - The multiline `folders` and `sample_prompts` boxes keep their name above their text.
 // - A workflow saved before the rarely changed settings moved to Train Options is converted on load
 //   (legacy_workflows.js).
-// The state, smoothing and layout live in chart.js, the drawing in chart_draw.js (pure, unit-tested under node).
+// The state, smoothing and layout live in chart.js, the drawing in chart_draw.js (pure, unit-tested under node),
+// the summary and labelled text boxes in text_boxes.js.
 // Only the frontend's public extension API is used: `app` and `api` from scripts/app.js and
 // scripts/api.js, the registerExtension hooks, LiteGraph's node.addDOMWidget and api events. Other
 // scripts/*.js modules are the frontend's internals (tests/unit/test_ui_chart.py fails on an import of one).
@@ -20,6 +23,7 @@ import { api } from "../../scripts/api.js";
 import { applyMessage, emptyRun, runMatches, stateFromSnapshot, statusLine } from "./chart.js";
 import { drawChart } from "./chart_draw.js";
 import { addOptionsNode, convertOldNode } from "./legacy_workflows.js";
+import { fitNode, labelBox, showText } from "./text_boxes.js";
 
 const NODES_WITH_SUMMARY = new Set(["PipeTrainTrainPipeline", "PipeTrainSaveLoRA", "PipeTrainLoadDataset",
   "PipeTrainCacheLatents"]);
@@ -29,102 +33,10 @@ const CHART_HEIGHT = 170;
 const STRIP_HEIGHT = 72;
 const LABELLED_BOXES = new Set(["folders", "sample_prompts"]); // multiline inputs whose placeholder is their only name
 const SETTINGS = ["run_name", "resume", "steps"]; // the widgets that decide which run (and axis) the view shows
-const SUMMARY_LINES = 8;
+const RUNNING = new Set(["loading", "training", "sampling", "saving"]); // statuses Stop & save can end
+const FINISH_TIP = "End training after this step and keep it: the LoRA of this step is saved as the final one, "
+  + "with a checkpoint, and the rest of the graph runs (Cancel stops everything)";
 const runs = new Map(); // node id (string) -> run state
-
-function fitNode(node) {
-  // Grow the node to what its widgets need (never shrink what the user or the workflow chose).
-  const [w, h] = node.computeSize();
-  node.setSize([Math.max(node.size[0], w), Math.max(node.size[1], h)]);
-}
-
-function showText(node, text) {
-  let widget = node.widgets?.find((w) => w.name === "pipetrain_summary");
-  if (!widget) {
-    // A read-only text box of our own (a DOM widget), not the frontend's STRING widget factory.
-    const box = document.createElement("textarea");
-    box.className = "pipetrain-summary";
-    box.readOnly = true;
-    box.spellcheck = false;
-    // Long lines (a LoRA path) wrap instead of being cut at the box's edge.
-    box.style.cssText = "width:100%;height:100%;box-sizing:border-box;resize:none;white-space:pre-wrap;"
-      + "overflow-wrap:anywhere;overflow:auto;"
-      + "font:11px/14px monospace;color:var(--descrip-text,#aaa);background:var(--comfy-input-bg,#222);"
-      + "border:1px solid var(--border-color,#444);border-radius:4px;padding:4px;";
-    // As tall as its lines (up to SUMMARY_LINES), so a one-line summary does not push into the node
-    // below; the frontend takes the widget's margin (above and below the box) out of this height.
-    // The box's text width: its own once it is on the page, else the node's less margins, padding and border.
-    const textWidth = () => (box.clientWidth ? box.clientWidth - 8 : node.size[0] - 2 * (widget?.margin ?? 4) - 10);
-    const lines = () => Math.min(SUMMARY_LINES, wrappedLines(box.value, textWidth()));
-    const height = () => lines() * 14 + 12 + 2 * (widget?.margin ?? 10);
-    widget = node.addDOMWidget("pipetrain_summary", "pipetrain_summary", box, {
-      serialize: false, // display only: never saved into the workflow's widget values
-      hideOnZoom: false,
-      margin: 4,
-      getValue: () => box.value,
-      setValue: (v) => { box.value = v ?? ""; },
-      getMinHeight: height,
-      getMaxHeight: height,
-    });
-    widget.serialize = false;
-    // Nodes 2.0 (Vue nodes) gives the box what is left of the node's height, not getMinHeight: its minimum
-    // height makes that renderer grow the node to show its lines.
-    widget.fitBox = () => { box.style.minHeight = `${lines() * 14 + 12}px`; };
-  }
-  widget.value = text;
-  widget.fitBox();
-  fitNode(node);
-  requestAnimationFrame(() => { widget.fitBox(); fitNode(node); }); // again once the box has its width on the page
-  node.setDirtyCanvas(true, true);
-}
-
-let monoWidth = 0; // px a character of the summary box's 11px monospace font
-function wrappedLines(text, width) {
-  // Lines the box shows once long ones wrap.
-  if (!monoWidth) {
-    const ctx = document.createElement("canvas").getContext("2d");
-    if (ctx) {
-      ctx.font = "11px monospace";
-      monoWidth = ctx.measureText("0123456789").width / 10;
-    }
-  }
-  const columns = Math.max(10, Math.floor(width / (monoWidth || 6.7)));
-  let count = 0;
-  for (const line of text.split("\n")) {
-    // Greedy word wrap as the browser does it: a word that does not fit the rest of the line starts the
-    // next one, a word longer than a line is broken.
-    let used = 0;
-    count += 1;
-    for (const word of line.split(" ")) {
-      const need = used ? used + 1 + word.length : word.length;
-      if (need <= columns) used = need;
-      else {
-        count += used ? 1 : 0;
-        count += Math.floor(Math.max(0, word.length - 1) / columns);
-        used = word.length % columns || columns;
-      }
-    }
-  }
-  return count;
-}
-
-function labelBox(widget) {
-  // A multiline box shows its name only as a placeholder, gone once it holds text: draw the name in
-  // the box's top padding (a background image, so the frontend's own element and value stay as they are).
-  const box = widget?.inputEl || widget?.element;
-  if (!(box instanceof HTMLTextAreaElement) || box.dataset.pipetrainLabel) return;
-  const name = String(widget.label || widget.name).replace(/[<>&"]/g, "");
-  const svg = `<svg xmlns="http://www.w3.org/2000/svg" width="${name.length * 7 + 8}" height="14">`
-    + `<text x="3" y="10" font-family="sans-serif" font-size="10" fill="#8c8c8c">${name}</text></svg>`;
-  box.dataset.pipetrainLabel = name;
-  if (box.placeholder === widget.name) box.placeholder = ""; // the label says it already (a real hint stays)
-  box.style.backgroundImage = `url("data:image/svg+xml,${encodeURIComponent(svg)}")`;
-  box.style.backgroundRepeat = "no-repeat";
-  box.style.backgroundPosition = "left 2px top 1px";
-  box.style.paddingTop = "15px";
-  // Room for the label and three lines of text (the frontend reads a DOM widget's minimum from this variable).
-  box.style.setProperty("--comfy-widget-min-height", "64");
-}
 
 function settings(node) {
   const value = (name) => node.widgets?.find((w) => w.name === name)?.value;
@@ -146,11 +58,24 @@ function buildView(node) {
   root.className = "pipetrain-view";
   root.style.cssText = "display:flex;flex-direction:column;gap:4px;font:11px sans-serif;color:var(--input-text,#ddd);"
     + "overflow:hidden;";
+  // The status line and, while the run trains, the Stop & save button at its right: one row of fixed height,
+  // so the view keeps its size whether the button shows or not.
+  const head = document.createElement("div");
+  head.style.cssText = `display:flex;gap:4px;align-items:flex-start;flex-shrink:0;height:${2 * STATUS_LINE}px;`;
   const status = document.createElement("div");
   status.className = "pipetrain-status";
   // Two lines: the second holds a failed or cancelled run's reason (where its checkpoint is, how to go on).
   status.style.cssText = "display:-webkit-box;-webkit-box-orient:vertical;-webkit-line-clamp:2;overflow:hidden;"
-    + `overflow-wrap:anywhere;line-height:${STATUS_LINE}px;flex-shrink:0;height:${2 * STATUS_LINE}px;`;
+    + `overflow-wrap:anywhere;line-height:${STATUS_LINE}px;flex:1;min-width:0;height:${2 * STATUS_LINE}px;`;
+  const finish = document.createElement("button");
+  finish.className = "pipetrain-finish";
+  finish.type = "button";
+  finish.textContent = "Stop & save";
+  finish.title = FINISH_TIP;
+  finish.style.cssText = "display:none;flex-shrink:0;font:11px sans-serif;padding:2px 6px;cursor:pointer;"
+    + "color:var(--input-text,#ddd);background:var(--comfy-input-bg,#222);border:1px solid var(--border-color,#555);"
+    + "border-radius:4px;";
+  head.append(status, finish);
   const canvas = document.createElement("canvas");
   canvas.className = "pipetrain-chart";
   canvas.style.cssText = `width:100%;height:${CHART_HEIGHT}px;background:rgba(0,0,0,0.25);border-radius:4px;flex-shrink:0;`;
@@ -166,9 +91,11 @@ function buildView(node) {
   error.style.cssText = `display:none;margin:0;height:${STRIP_HEIGHT + 14}px;overflow:auto;white-space:pre-wrap;`
     + "overflow-wrap:anywhere;font:10px/13px monospace;color:#ff9b9b;background:rgba(80,0,0,0.25);"
     + "border-radius:4px;padding:3px;box-sizing:border-box;";
-  root.append(status, canvas, strip, more, error);
+  root.append(head, canvas, strip, more, error);
 
-  const view = { root, status, canvas, strip, more, error, hoverPx: null, shownSamples: "" };
+  // finishing: the run whose Stop & save was pressed (the button waits for its run to end)
+  const view = { root, status, finish, canvas, strip, more, error, hoverPx: null, shownSamples: "", finishing: "" };
+  finish.addEventListener("click", () => requestFinish(node));
   const hint = () => {
     const hidden = strip.scrollWidth - strip.clientWidth - strip.scrollLeft > 2;
     more.style.display = strip.scrollWidth > strip.clientWidth + 2 ? "block" : "none";
@@ -220,6 +147,11 @@ function render(node) {
   if (view.canvas.height !== CHART_HEIGHT) view.canvas.height = CHART_HEIGHT;
   const ctx = view.canvas.getContext("2d");
   if (ctx) drawChart(ctx, st, view.canvas.width, view.canvas.height, view.hoverPx);
+  const running = !!st.run && RUNNING.has(st.status);
+  if (!running) view.finishing = ""; // that run ended: a resume of the same name is offered the button again
+  view.finish.style.display = running ? "block" : "none";
+  view.finish.disabled = !running || view.finishing === st.run;
+  view.finish.textContent = view.finishing === st.run && running ? "Stopping…" : "Stop & save";
   const failed = st.status === "failed";
   view.error.style.display = failed ? "block" : "none";
   view.strip.style.display = failed ? "none" : "flex";
@@ -250,6 +182,30 @@ function render(node) {
   }
   view.hint();
   node.setDirtyCanvas(true, false);
+}
+
+async function requestFinish(node) {
+  // Stop & save: the server finds this node's running launch (never a path from here) and asks it to finish.
+  const view = node.pipetrainView;
+  const st = runs.get(String(node.id));
+  if (!view || !st?.run) return;
+  view.finishing = st.run;
+  render(node);
+  let problem = "";
+  try {
+    const res = await api.fetchApi("/pipetrain/finish", {
+      method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify({ node: String(node.id) }),
+    });
+    if (res.status !== 200) problem = (await res.json().catch(() => ({}))).error || `HTTP ${res.status}`;
+  } catch (e) {
+    problem = String(e?.message || e);
+  }
+  if (problem) { // shown as the status line's warning; the button is offered again
+    view.finishing = "";
+    st.warnings = st.warnings.concat([`Stop & save failed: ${problem}`]);
+    console.warn("PipeTrain:", problem);
+  }
+  render(node);
 }
 
 function trainNodes() {

@@ -162,7 +162,8 @@ def _start(cfg: RunConfig, config_path, cuda: bool, node: cluster.NodePlan | Non
         hostfile = node.hostfile or cluster.write_generated_hostfile(node, cfg.run_dir)
         cluster.check_master(node)
     port = cfg.launch.cluster.master_port or free_port()
-    (Path(cfg.run_dir) / "cancel").unlink(missing_ok=True)  # a cancel of an earlier attempt
+    for leftover in ("cancel", "finish"):  # a Cancel or Stop & save of an earlier attempt: a resume must not stop
+        (Path(cfg.run_dir) / leftover).unlink(missing_ok=True)
     log = open(Path(cfg.run_dir) / log_name(node.node_rank if node else 0), "ab")
     kwargs = {}
     if os.name == "nt":
@@ -180,6 +181,12 @@ def _start(cfg: RunConfig, config_path, cuda: bool, node: cluster.NodePlan | Non
 def request_cancel(run_dir: str | os.PathLike) -> None:
     """Ask the engine to checkpoint and exit at the end of the current step."""
     (Path(run_dir) / "cancel").touch()
+
+
+def request_finish(run_dir: str | os.PathLike) -> None:
+    """Stop & save: the engine ends after the current step as if it were the last (final LoRA, checkpoint,
+    'done', exit code 0)."""
+    (Path(run_dir) / "finish").touch()
 
 
 def kill_tree(proc: subprocess.Popen, grace: float = 3.0) -> None:
@@ -291,7 +298,8 @@ def _run_one(cfg: RunConfig, config_path: str, args: argparse.Namespace) -> tupl
     log_start = log_size(cfg.run_dir, log.name)
     proc = spawn(cfg, os.path.abspath(config_path), cuda=torch.cuda.is_available(), node_rank=args.node_rank,
                  master_addr=args.master_addr, master_port=args.master_port)
-    print(f"training in {cfg.run_dir} (log: {log}); Ctrl+C stops after a checkpoint", flush=True)
+    print(f"training in {cfg.run_dir} (log: {log}); Ctrl+C stops after a checkpoint; "
+          f"creating {Path(cfg.run_dir) / 'finish'} ends it after the current step as a finished run", flush=True)
     stopped = False
     try:
         while proc.poll() is None:

@@ -24,7 +24,7 @@ from ..version import __version__
 from . import checkpoints, elastic, node_checks, wandb_log
 from . import distributed as dist
 from .setup_phases import SetupPhases
-from .stop_flag import StopFlag
+from .stop_flag import StopFlag, finish_message
 
 BLOCK_VERDICTS = ".block-verdicts.json"  # beside the run folders: engine/patches caches its probe verdicts there
 
@@ -353,12 +353,23 @@ def train(cfg: RunConfig, device: torch.device, events: EventLog, phases: SetupP
         if saved_file(step) and step < total_steps:  # the final file is saved after the loop
             save_lora(step_file(step), step)
         cancel = dist.any_true(stop.requested(), device)
-        if cancel or stopped_early or (t.checkpoint_every and step % t.checkpoint_every == 0) or step == total_steps:
+        # Stop & save (the finish file): this step is the last, as with early_stop; a cancel wins over it.
+        finishing = not cancel and step < total_steps and dist.any_true(stop.finish_requested(), device)
+        if (cancel or stopped_early or finishing or (t.checkpoint_every and step % t.checkpoint_every == 0)
+                or step == total_steps):
             save_checkpoint(step)
         if stopped_early and not cancel:
             if rank == 0:
                 message = best_step.stop_message(step, cfg.eval.early_stop, history)
                 events.emit("early_stop", step=step, total=total_steps, message=message)
+                print(message, file=sys.stderr, flush=True)
+            break
+        if finishing:
+            if dist.local_rank() == 0:  # used up: a later resume of this folder must not stop at once
+                stop.finish_file.unlink(missing_ok=True)
+            if rank == 0:
+                message = finish_message(step, total_steps)
+                events.emit("finish_requested", step=step, total=total_steps, message=message)
                 print(message, file=sys.stderr, flush=True)
             break
         if cancel:

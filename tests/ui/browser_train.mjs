@@ -1,6 +1,7 @@
 // Browser test of the training view, driven by tests/ui/test_ui_browser.py against a real ComfyUI:
 // open the example workflow from ComfyUI's template browser, press Run, see the loss chart fill and a sample appear (strip and node
-// preview), reload the page mid-run and see the chart come back, press Cancel and see the run stop.
+// preview), reload the page mid-run and see the chart come back, press Cancel and see the run stop (the
+// Stop & save button shows while it trains, and goes once it is cancelled).
 // Then a workflow saved before Train Options existed, converted on load; each example workflow's layout: no overlapping nodes once loaded and once its nodes show results
 // (tools/template_layout.mjs), and a fresh template's node shows no other run; last, a failed run's
 // view (error and log lines), reset by a newly queued prompt and shown again when that prompt ends. Where the
@@ -33,6 +34,7 @@ async function view() {
     if (!root) return null;
     const imgs = [...root.querySelectorAll(".pipetrain-samples img")];
     const previews = window.app.nodePreviewImages?.[String(id)] || window.app.nodePreviewImages?.[id] || [];
+    const finish = root.querySelector(".pipetrain-finish"); // Stop & save: offered while the run trains
     return {
       status: root.dataset.status,
       points: Number(root.dataset.points || 0),
@@ -40,6 +42,8 @@ async function view() {
       samplesLoaded: imgs.filter((i) => i.complete && i.naturalWidth > 0).length,
       more: root.querySelector(".pipetrain-samples-more")?.textContent || "",
       preview: (previews.length || 0) + (node.imgs?.length || 0),
+      finish: { shown: !!finish && finish.style.display !== "none", enabled: !!finish && !finish.disabled,
+                title: finish?.title || "" },
     };
   }, TRAIN_ID);
 }

@@ -1,7 +1,7 @@
 """The training view in a real browser: headless Chromium (playwright-core) against a real ComfyUI
 server with the pack. Loads the example workflow, presses Run, sees the loss chart fill and a sample
-appear (strip and node preview), reloads the page mid-run and sees the chart come back, presses
-Cancel and sees training stop, then sees SaveLoRA's returned text in its summary box. The workflow is
+appear (strip and node preview), reloads the page mid-run and sees the chart come back, sees the Stop & save
+button offered while it trains, presses Cancel and sees training stop (and the button go), then sees SaveLoRA's returned text in its summary box. The workflow is
 opened from ComfyUI's template browser. A workflow saved before Train Options existed is converted on load. Then each example workflow is opened fresh: no two nodes overlap,
 before and after its nodes show results, its saved node sizes fit their widgets, no summary box cuts
 its text, its multiline boxes are labelled, and its training view shows no other run; where the frontend has
@@ -47,6 +47,9 @@ def test_run_chart_samples_reload_and_cancel_in_the_browser(comfy_server, demo_b
     assert summary["reloaded"]["points"] >= summary["samples"]["points"], "the chart did not survive the reload"
     assert summary["cancelSeconds"] < 20, summary
     assert f"set resume to {run_name} (or latest)" in summary["cancelled"]["line"], summary["cancelled"]
+    finish = summary["training"]["finish"]  # Stop & save, beside the status line while the run trains
+    assert finish["shown"] and finish["enabled"] and "Cancel stops everything" in finish["title"], finish
+    assert not summary["cancelled"]["finish"]["shown"], summary["cancelled"]  # gone once the run is cancelled
     assert not summary["internalImportNotices"], summary["internalImportNotices"]  # see also test_ui_chart.py
     text = summary["summaryText"]  # SaveLoRA's returned text, shown in a read-only box, never saved
     assert text["value"] == text["boxText"] == text["expected"] and text["box"] == "TEXTAREA", text
