@@ -57,6 +57,9 @@ def test_stop_and_save_ends_the_run_as_finished_and_the_graph_goes_on(comfy_serv
     answer = _finish(comfy_server, train_id)
     assert answer.status_code == 200 and answer.json() == {"ok": True, "run": name}, answer.text
     entry = comfy_server.wait(prompt_id, timeout=300)  # returns normally: no interrupt, no error
+    jobs = requests.get(f"{comfy_server.url}/api/jobs", timeout=30)
+    if jobs.status_code != 404:  # ComfyUI 0.33+ lists the job as completed (a Cancel is listed as cancelled)
+        assert {job["id"]: job["status"] for job in jobs.json()["jobs"]}.get(prompt_id) == "completed", jobs.text
 
     done = [e for e in _events(run_dir) if e["event"] == "done"]
     assert len(done) == 1 and done[0]["total"] == TOTAL, done
