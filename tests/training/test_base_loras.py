@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine_runs import build_cache, make_config, run_to_end, with_samples, write_test_prompts
+from engine_runs import make_config, run_to_end, with_samples, write_test_prompts
 from random_lora import write_random_lora
 from PipeTrain.engine.config.base_loras import BaseLora
 from PipeTrain.engine.config.checks import ConfigError
@@ -19,11 +19,6 @@ from PipeTrain.engine.sample_files import read_prompts, read_samples
 
 pytestmark = [pytest.mark.slow, pytest.mark.core]  # core: ComfyUI 0.33 merges LoRAs through its own patcher code
 PROMPTS = ["a red circle on a blue background"]
-
-
-@pytest.fixture(scope="module")
-def cache_dir(comfy_root, demo_base):
-    return build_cache(comfy_root, demo_base)
 
 
 def _comfy_sample(model_path: str, loras: list[tuple[str, float]], prompts_file: str) -> torch.Tensor:

@@ -13,23 +13,11 @@ import pytest
 from PipeTrain.engine.config.launch import LaunchSpec
 from PipeTrain.engine.config.run import RunConfig
 from PipeTrain.engine.config.sections import LoraSpec, MemorySpec, TrainSpec
-from engine_runs import (
-    EngineRun,
-    assert_same_lora,
-    build_cache,
-    make_config,
-    rewound_copy,
-    run_to_end,
-)
+from engine_runs import EngineRun, assert_same_lora, make_config, rewound_copy, run_to_end
 
 pytestmark = pytest.mark.slow
 
 FP32 = MemorySpec(base_dtype="float32")  # on a GPU 'auto' is half precision: compare like with like
-
-
-@pytest.fixture(scope="module")
-def cache_dir(comfy_root, demo_base):
-    return build_cache(comfy_root, demo_base)
 
 
 def _resumed_on(full: EngineRun, to, processes: int, **train):

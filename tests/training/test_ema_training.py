@@ -11,16 +11,11 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from engine_runs import assert_same_lora, build_cache, final_lora, make_config, rewound_copy, run_to_end, with_train
+from engine_runs import assert_same_lora, final_lora, make_config, rewound_copy, run_to_end, with_train
 from PipeTrain.engine.config.checks import ConfigError
 from PipeTrain.engine.config.revisions import check_resume
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def cache_dir(comfy_root, demo_base):
-    return build_cache(comfy_root, demo_base)
 
 
 @pytest.mark.core  # ComfyUI's own LoRA loader, on each supported ComfyUI

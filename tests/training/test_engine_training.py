@@ -13,30 +13,9 @@ import torch
 from safetensors.torch import load_file
 
 from PipeTrain.engine.config.sections import MemorySpec
-from engine_runs import (
-    EngineRun,
-    build_cache,
-    engine_processes,
-    make_config,
-    rewound_copy,
-    run_all_to_end,
-    run_to_end,
-    with_train,
-)
+from engine_runs import EngineRun, engine_processes, rewound_copy, run_all_to_end, run_to_end, with_train
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def cache_dir(comfy_root, demo_base):
-    return build_cache(comfy_root, demo_base)
-
-
-@pytest.fixture
-def config(tmp_path, comfy_root, demo_base, cache_dir):
-    def make(name="run", **kw):
-        return make_config(tmp_path / name, comfy_root, demo_base, cache_dir, **kw)
-    return make
 
 
 def _lora(run: EngineRun, name: str = "lora_final.safetensors") -> dict[str, torch.Tensor]:

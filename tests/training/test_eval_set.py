@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine_runs import assert_same_lora, build_cache, make_config, run_all_to_end
+from engine_runs import assert_same_lora, make_config, run_all_to_end
 from PipeTrain.engine.cache.reader import CachedDataset
 from PipeTrain.engine.config.checks import ConfigError
 from PipeTrain.engine.config.run import RunConfig
@@ -21,11 +21,6 @@ pytestmark = pytest.mark.slow
 FP32 = MemorySpec(base_dtype="float32")  # on a GPU 'auto' is half precision: compare like with like
 LR_TOO_HIGH = 0.05  # Adam steps of this size take the tiny model's LoRA past any improvement on the first step
 DROPOUT = LoraSpec(rank=4, targets="attention_mlp", dropout=0.1)  # training draws from the global RNG
-
-
-@pytest.fixture(scope="module")
-def cache_dir(comfy_root, demo_base):
-    return build_cache(comfy_root, demo_base)
 
 
 def _with_eval(cfg: RunConfig, cache: str, every: int, before_start: bool = True) -> RunConfig:

@@ -9,14 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine_runs import build_cache, make_config, run_all_to_end
+from engine_runs import make_config, run_all_to_end
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def cache_dir(comfy_root, demo_base):
-    return build_cache(comfy_root, demo_base)
 
 
 def first_step_norm(cfg) -> float:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine_runs import build_cache, final_lora, make_config, rewound_copy, run_to_end
+from engine_runs import final_lora, make_config, rewound_copy, run_to_end
 from PipeTrain.engine.config.choices import OPTIMIZERS
 from PipeTrain.engine.config.launch import LaunchSpec
 from PipeTrain.engine.config.run import RunConfig
@@ -21,11 +21,6 @@ from PipeTrain.engine.events import EVENTS_FILE, EventLog
 pytestmark = pytest.mark.slow
 
 LEARNING_RATES = {"prodigy": 1.0, "adafactor": 0.1}  # the others: AdamW-like, 2e-3 here
-
-
-@pytest.fixture(scope="module")
-def cache_dir(comfy_root, demo_base):
-    return build_cache(comfy_root, demo_base)
 
 
 def _config(tmp_path, comfy_root, demo_base, cache_dir, optimizer: str, name: str, processes: int = 1,
@@ -67,8 +62,6 @@ def test_each_optimizer_trains_the_lora_on_the_plain_backend(optimizer, tmp_path
     losses = _train_in_process(_config(tmp_path, comfy_root, demo_base, cache_dir, optimizer, optimizer))
     assert len(losses) == 24
     _falls(losses)
-
-
 
 
 @pytest.mark.parametrize("optimizer", ["adamw8bit", "prodigy"])

@@ -10,21 +10,9 @@ from pathlib import Path
 import pytest
 from safetensors import safe_open
 
-from engine_runs import EngineRun, build_cache, engine_processes, make_config, run_to_end, with_train
+from engine_runs import EngineRun, engine_processes, run_to_end, with_train
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def cache_dir(comfy_root, demo_base):
-    return build_cache(comfy_root, demo_base)
-
-
-@pytest.fixture
-def config(tmp_path, comfy_root, demo_base, cache_dir):
-    def make(name="run", **kw):
-        return make_config(tmp_path / name, comfy_root, demo_base, cache_dir, **kw)
-    return make
 
 
 def _last_step(run_dir: Path) -> int:

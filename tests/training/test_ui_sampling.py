@@ -14,15 +14,10 @@ from PipeTrain.engine.config.sections import MemorySpec
 from PipeTrain.engine.events import EventLog, history, read_events
 from PipeTrain.engine.sample_files import read_prompts, read_samples
 from PipeTrain.engine.train.samples import SampleRenderer
-from engine_runs import build_cache, make_config, run_to_end, with_samples, write_test_prompts
+from engine_runs import make_config, run_to_end, with_samples, write_test_prompts
 
 pytestmark = pytest.mark.slow
 PROMPTS = ["a red circle on a blue background", "a green square"]
-
-
-@pytest.fixture(scope="module")
-def cache_dir(comfy_root, demo_base):
-    return build_cache(comfy_root, demo_base)
 
 
 @pytest.fixture(scope="module")

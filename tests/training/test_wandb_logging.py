@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine_runs import build_cache, make_config
+from engine_runs import make_config
 from PipeTrain.engine.config.eval import EvalSpec
 from PipeTrain.engine.config.monitor import MonitorSpec
 from PipeTrain.engine.config.run import RunConfig
@@ -27,11 +27,6 @@ from PipeTrain.engine.events import read_events
 
 pytestmark = pytest.mark.slow
 STEPS = 3
-
-
-@pytest.fixture(scope="module")
-def cache_dir(comfy_root, demo_base):
-    return build_cache(comfy_root, demo_base)
 
 
 def _run_main(tmp_path, comfy_root, demo_base, cache_dir, mode: str) -> tuple[RunConfig, list[dict]]:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from engine_runs import assert_same_lora, build_cache, make_config, run_all_to_end, run_to_end, with_train
+from engine_runs import assert_same_lora, make_config, run_all_to_end, run_to_end, with_train
 from no_deepspeed_env import make_env
 from PipeTrain.engine.config.checks import ConfigError
 from PipeTrain.engine.config.launch import LaunchSpec
@@ -17,11 +17,6 @@ from tools.comfy_server import ComfyInterrupted, ComfyServer
 from tools.demo import demo_prompt
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def cache_dir(comfy_root, demo_base):
-    return build_cache(comfy_root, demo_base)
 
 
 def _plain(cfg: RunConfig) -> RunConfig:
