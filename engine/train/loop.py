@@ -7,7 +7,6 @@ events, TensorBoard and LoRA files; every rank takes part in checkpoints (DeepSp
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import sys
 import time
@@ -17,16 +16,12 @@ from pathlib import Path
 import torch
 
 from ..config import revisions
-from ..config.base_loras import identity as base_lora_identity
 from ..config.run import RunConfig
 from ..events import EventLog
-from ..version import __version__
 from . import checkpoints, elastic, node_checks, wandb_log
 from . import distributed as dist
 from .setup_phases import SetupPhases
 from .stop_flag import StopFlag, finish_message
-
-BLOCK_VERDICTS = ".block-verdicts.json"  # beside the run folders: engine/patches caches its probe verdicts there
 
 
 def main(config_path: str, process_start: float | None = None) -> int:
@@ -67,27 +62,24 @@ def main(config_path: str, process_start: float | None = None) -> int:
 
 def train(cfg: RunConfig, device: torch.device, events: EventLog, phases: SetupPhases | None = None,
           wb: wandb_log.WandbLog | None = None) -> int:
+    from ..cache.caption_store import uncond_missing
     from ..cache.joined import open_caches
     from ..config.rules import data_parallel_size
-    from ..latent_fit import accepted_channels, packed_latent_missing, wanted_latents
-    from .. import model_files
-    from ..lora_files import ema_file, lora_step_file
+    from ..data.batch_sizes import check_varied_batches
+    from ..lora_files import ema_file
     from ..memory.options import apply_memory_options
-    from ..models.loading import ModelLoadError, load_base_model
-    from ..patches.probe_batch import probe_forward
-    from ..patches.trainable import make_trainable
-    from ..cache.caption_store import uncond_missing
+    from ..models.loading import ModelLoadError
     from .ema import start_ema
+    from .eval_watch import EvalWatch
     from .fit_setup import whole_model_load
     from .grad_norm import last_grad_norm
-    from .full_tune import model_tensors, unfreeze_blocks
-    from .lora import inject_lora, lora_state_dict, lora_tensors, trained_parameters
-    from .objective import DiffusionObjective, apply_timestep_shift
-    from .objective_checks import check_objective
+    from .lora import trained_parameters
+    from .model_setup import build_model
+    from .objective import DiffusionObjective
     from .optim import build_scheduler
     from .optimizers import build_optimizer
-    from ..data.batch_sizes import check_varied_batches
     from .sample_order import SampleStream, collate
+    from .saving import RunSaver
 
     run_dir = Path(cfg.run_dir)
     rank, world = dist.rank(), dist.world_size()
@@ -119,34 +111,8 @@ def train(cfg: RunConfig, device: torch.device, events: EventLog, phases: SetupP
     pipelined = cfg.memory.pipeline_stages > 1
     full = cfg.lora.kind == "full"  # a full fine-tune: the block weights themselves train (engine/train/full_tune.py)
 
-    def build_model(run_cfg: RunConfig):  # run_cfg: cfg, or cfg with the fit plan's memory settings
-        # Pipelined: load on the CPU; DeepSpeed moves only this rank's stage to its GPU.
-        model = load_base_model(run_cfg, torch.device("cpu") if pipelined else device)
-        phases.done("model_load")  # reading the file and building ComfyUI's model on the device
-        apply_timestep_shift(model, t.timestep_shift)
-        check_objective(model, cfg.objective)  # guidance, resolution shift and SNR weights this model can use
-        model.model_sampling.to(device)
-        if dataset.latent_shape[0] not in accepted_channels(model.latent_format, dataset.latent_shape):
-            raise ModelLoadError(
-                f"the cache holds {dataset.latent_shape[0]}-channel latents but {os.path.basename(cfg.model_path)} "
-                f"expects {wanted_latents(model.latent_format, dataset.latent_shape)}: cache the dataset with this "
-                "model's VAE.")
-        packed = packed_latent_missing(type(model).__name__, dataset[0]["extras"])
-        if packed:
-            raise ModelLoadError(packed)
-        # ComfyUI's training flag, and out-of-place block forwards only where the probe finds upstream's
-        # in place (engine/patches): before LoRA and the memory options wrap the blocks.
-        run_forward, context = probe_forward(DiffusionObjective(model, seed=t.seed), dataset, device)
-        make_trainable(model.diffusion_model, run_forward, device=device, context=context,
-                       cache_file=run_dir.parent / BLOCK_VERDICTS)
-        phases.done("block_probe")
-        torch.manual_seed(t.seed)  # peft draws lora_A's initial values from the global RNG
-        targets = (unfreeze_blocks if full else inject_lora)(model.diffusion_model, run_cfg.lora)
-        phases.done("lora")
-        return model, targets
-
     with whole_model_load(cfg, device):  # plan 'fit': a model too big for the GPU gets its own message
-        model, targets = build_model(cfg)
+        model, targets = build_model(cfg, dataset, device, phases)
     settings = cfg.to_dict()  # what the user set (config_history), whatever the fit plan picks below
     plan_record, plan_check = None, None  # memory plan 'fit': its record (memory_plan.json), step 1 measured against it
     if cfg.memory.plan == "fit":  # a probe picks checkpointing, block swap, fp8 base and optimizer (docs/memory.md)
@@ -156,7 +122,7 @@ def train(cfg: RunConfig, device: torch.device, events: EventLog, phases: SetupP
         if fitted.base_dtype != cfg.memory.base_dtype:  # an fp8 base: ComfyUI loads the file again in fp8
             del model  # before the new one loads: one model on the device at a time
             release_memory(device)
-            model, targets = build_model(dataclasses.replace(cfg, memory=fitted))
+            model, targets = build_model(dataclasses.replace(cfg, memory=fitted), dataset, device, phases)
         cfg = dataclasses.replace(cfg, memory=fitted)
         phases.done("memory_plan")
     # Checkpointing, block swap, compile; places the model on the device unless pipelined.
@@ -226,89 +192,13 @@ def train(cfg: RunConfig, device: torch.device, events: EventLog, phases: SetupP
     # only for a run that samples)
     streams = dataset[0]["extras"].get("latent_shapes") if cfg.sample.every and rank == 0 else None
     renderer = SampleRenderer.create(cfg, model, device, events, rank, memory, streams)
-    meta = _lora_metadata(cfg, dataset.fingerprint)
-    from .. import best_step
-    from .eval_set import EvalSet, report
-
-    # Held-out eval loss at fixed noise (engine/train/eval_set.py): a collective, on every rank at the same steps.
-    evaluator = EvalSet.create(cfg, objective, device, engine, pipelined)
-
-    # Eval history and best saved step (engine/best_step.py): rank 0 keeps it and decides early stops.
-    history = best_step.read(run_dir, start_step) if evaluator is not None and rank == 0 else []
-
-    def saved_file(step: int) -> str | None:
-        """The LoRA file this step saves (saves come right after the eval of the same step)."""
-        if step == total_steps:
-            return final.name
-        return step_file(step) if t.save_every and step and step % t.save_every == 0 else None
-
-    def evaluate(step: int) -> bool:
-        """Eval when due; True when early_stop says to end the run here."""
-        nonlocal history
-        if evaluator is None or not cfg.eval.due(step, total_steps):
-            return False
-        result = evaluator.run(engine, adapter if pipelined else None)
-        if rank == 0:
-            history = best_step.record(history, step, result["loss"], saved_file(step))
-        # Rank 0 decides (its best.json is the full history; on a resume a rank on another node may have none).
-        stopping = dist.any_true(rank == 0 and step > 0 and best_step.should_stop(history, cfg.eval.early_stop),
-                                 device)
-        if rank == 0:
-            if stopping:  # the final file is saved at this step
-                history = best_step.attach_file(history, step, final.name)
-            found = best_step.write(run_dir, history)
-            report({**result, "best_step": found["step"], "best_eval_loss": found["eval_loss"],
-                    "best_file": found["file"]}, step, events, tb)
-            wb.eval(result, step)
-        return stopping
-
-    def save_lora(name: str, step: int) -> None:
-        # Pipelined, every stage holds part of the trained weights and of their EMA: gathering them is a
-        # collective on all ranks; rank 0 writes.
-        if pipelined:
-            named = pipeline.gather_weights(engine.module, lora_names)
-            averaged = pipeline.gather_tensors(ema.tensors()) if ema else None
-        else:
-            named = (None if full else lora_tensors(model.diffusion_model)) if rank == 0 else None
-            averaged = ema.tensors() if ema and rank == 0 else None
-        if rank != 0:
-            return
-        from .lora import save_lora as write
-        if full:  # the whole diffusion model, bf16, ComfyUI's keys (engine/model_files.py); pipelined, the
-            # other stages' trained blocks over rank 0's copy; the EMA file: the averages in their place
-            path = run_dir / model_files.FOLDER / name
-            files = {path: model_tensors(model.diffusion_model, named)}
-            if averaged is not None:
-                files[ema_file(path)] = model_tensors(model.diffusion_model, averaged)
-        else:  # DoRA's file is made against the base weights (every rank holds them; pipelined ones on the CPU)
-            path = run_dir / "lora" / name
-            files = {path: lora_state_dict(named, cfg.lora, model.diffusion_model)}
-            if averaged is not None:  # fp32, the key format of the plain file
-                files[ema_file(path)] = lora_state_dict(averaged, cfg.lora, model.diffusion_model)
-        for target, tensors in files.items():
-            extra = ({"pipetrain_ema_decay": str(t.ema_decay), "pipetrain_ema_start_step": str(t.ema_start_step)}
-                     if target != path else {})
-            write(target, tensors, {**meta, "pipetrain_steps": str(step), **extra})
-        events.emit("saved", step=step, path=str(path), **({"ema_path": str(ema_file(path))} if averaged else {}))
-
-    def save_checkpoint(step: int) -> None:
-        tag = checkpoints.tag_for(step)
-        averaged = None  # the whole EMA, in every node's checkpoint folder (no shared filesystem needed)
-        if ema is not None and (pipelined or dist.local_rank() == 0):
-            averaged = pipeline.gather_named(ema.tensors(), everywhere=True) if pipelined else ema.tensors()
-        checkpoints.save_checkpoint(engine, ckpt_root, tag, {"step": step, "signature": signature},
-                                    deepspeed=cfg.launch.backend == "deepspeed",
-                                    ema=averaged if dist.local_rank() == 0 else None)
-        if dist.local_rank() == 0:  # every node prunes its own copy (no shared filesystem needed)
-            checkpoints.prune(ckpt_root, tag)
-        if rank == 0:
-            events.emit("checkpoint", step=step, path=str(ckpt_root / tag))
+    saver = RunSaver(cfg, model, engine, events, ema=ema, lora_names=lora_names if pipelined else None,
+                     signature=signature, fingerprint=dataset.fingerprint, total_steps=total_steps)
+    # Held-out eval loss at fixed noise, the best saved step and early stop (engine/train/eval_watch.py)
+    evaluate = EvalWatch(cfg, objective, device, engine, adapter if pipelined else None, saver, start_step,
+                         events, tb, wb)
 
     # ---- loop ---------------------------------------------------------------------------
-    if full:
-        step_file, final = model_files.step_file, run_dir / model_files.FOLDER / model_files.FINAL
-    else:
-        step_file, final = lora_step_file, run_dir / "lora" / "lora_final.safetensors"
     step = start_step
     loss = float("nan")
     if step == 0:
@@ -350,17 +240,17 @@ def train(cfg: RunConfig, device: torch.device, events: EventLog, phases: SetupP
         stopped_early = evaluate(step)  # early_stop: ends the run normally (final LoRA) after this step
         if renderer is not None:
             renderer.maybe_render(step, total_steps, stop.requested)
-        if saved_file(step) and step < total_steps:  # the final file is saved after the loop
-            save_lora(step_file(step), step)
+        if saver.file_at(step) and step < total_steps:  # the final file is saved after the loop
+            saver.weights(saver.step_file(step), step)
         cancel = dist.any_true(stop.requested(), device)
         # Stop & save (the finish file): this step is the last, as with early_stop; a cancel wins over it.
         finishing = not cancel and step < total_steps and dist.any_true(stop.finish_requested(), device)
         if (cancel or stopped_early or finishing or (t.checkpoint_every and step % t.checkpoint_every == 0)
                 or step == total_steps):
-            save_checkpoint(step)
+            saver.checkpoint(step)
         if stopped_early and not cancel:
             if rank == 0:
-                message = best_step.stop_message(step, cfg.eval.early_stop, history)
+                message = evaluate.stop_message(step)
                 events.emit("early_stop", step=step, total=total_steps, message=message)
                 print(message, file=sys.stderr, flush=True)
             break
@@ -373,12 +263,13 @@ def train(cfg: RunConfig, device: torch.device, events: EventLog, phases: SetupP
                 print(message, file=sys.stderr, flush=True)
             break
         if cancel:
-            save_lora(step_file(step), step)
+            saver.weights(saver.step_file(step), step)
             events.emit("cancelled", step=step, total=total_steps, loss=loss, reason=stop.reason)
             _close(tb)
             return 0
 
-    save_lora(final.name, step)
+    final = saver.final
+    saver.weights(final.name, step)
     events.emit("done", step=step, total=total_steps, loss=loss, **{"model" if full else "lora": str(final)},
                 **({("model_ema" if full else "lora_ema"): str(ema_file(final))} if ema else {}),
                 seconds=round(time.time() - launched, 2))
@@ -403,20 +294,6 @@ def _build_engine(cfg: RunConfig, objective: torch.nn.Module, optimizer, schedul
                                            config=dist.deepspeed_config(t))
     record_grad_norm(engine, lambda: total_norm(params))  # the gradients are averaged over the replicas by then
     return engine
-
-
-def _lora_metadata(cfg: RunConfig, fingerprint: str) -> dict[str, str]:
-    return {
-        "pipetrain_version": __version__,
-        "pipetrain_base_model": os.path.basename(cfg.model_path),
-        "pipetrain_rank": str(cfg.lora.rank),
-        "pipetrain_alpha": str(cfg.lora.effective_alpha),
-        "pipetrain_targets": cfg.lora.targets,
-        "pipetrain_adapter": cfg.lora.kind,
-        "pipetrain_dataset_fingerprint": fingerprint,
-        "pipetrain_run": cfg.run_name,
-        **({"pipetrain_base_loras": json.dumps(base_lora_identity(cfg.base_loras))} if cfg.base_loras else {}),
-    }
 
 
 def _tensorboard(run_dir: Path):
