@@ -66,7 +66,8 @@ async function focusTrainNode() {
   await page.evaluate(({ id, height }) => {
     const node = window.app.graph.getNodeById(id);
     const ds = window.app.canvas.ds;
-    ds.scale = 0.85;
+    // at most 85%, less where the node (sized for its tallest renderer, with a preview) is taller than the window
+    ds.scale = Math.min(0.85, (height - 90) / (node.size[1] + 40));
     ds.offset = [-node.pos[0] + 120, (height - 30) / ds.scale - (node.pos[1] + node.size[1])];
     window.app.graph.setDirtyCanvas(true, true);
   }, { id: TRAIN_ID, height: VIEW.height });
