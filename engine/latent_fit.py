@@ -1,5 +1,5 @@
 """Which cached latents a model trains on: one rule for the node's check before launch (nodes/preflight.py,
-on the file's header) and for the ranks (engine/train/loop.py and eval_set.py, on the loaded model).
+on the file's header) and for the ranks (engine/train/model_setup.py and eval_set.py, on the loaded model).
 
 A cache holds latents as the VAE made them; the model takes what its ComfyUI latent format's process_in
 makes of them. Most formats keep the channels, so the cache needs the model's latent_channels. Some pack

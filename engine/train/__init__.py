@@ -1,7 +1,8 @@
 """One training process (a rank): the loop and what it is made of. Rank-only: the ComfyUI server
 never imports this package.
 
-- loop.py: setup, resume, loop, save (`python -m engine` runs its main).
+- loop.py: setup, resume, loop, save (`python -m engine` runs its main); model_setup.py: the model it trains;
+  saving.py: the weights it saves and its checkpoints; eval_watch.py: eval, best step and early stop.
 - objective.py: the training objective for every model ComfyUI loads; conditioning.py: a cached
   item's conditioning -> ComfyUI's extra_conds; sample_order.py: which samples each rank trains on.
 - lora.py: LoRA layers and files (adapter_kinds.py: LoHa, LoKr, DoRA); full_tune.py: a full fine-tune's
