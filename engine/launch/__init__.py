@@ -6,4 +6,5 @@ library only); comfy_bootstrap.py runs in every engine process.
 - owner.py: the ranks' watch of the ComfyUI server that started them (they stop when it is gone).
 - local_ranks.py: the per-node launcher on one machine (the ranks' environment as DeepSpeed's sets it).
 - processes.py: a pid with its start time; rank_exits.py: naming a rank that died of a signal.
+- stop_files.py: the run-folder files that end a run (Cancel, Stop & save), named once for writers and ranks.
 """

@@ -29,6 +29,7 @@ from ..config.run import RunConfig
 from ..events import EventTail
 from . import cluster, rank_exits, run_lock
 from .owner import OWNER_ENV, owner_value
+from .stop_files import CANCEL_FILE, FINISH_FILE
 
 PACK_ROOT = Path(__file__).resolve().parents[2]  # engine/launch/launcher.py -> the pack
 LOG_FILE = "train.log"
@@ -162,7 +163,7 @@ def _start(cfg: RunConfig, config_path, cuda: bool, node: cluster.NodePlan | Non
         hostfile = node.hostfile or cluster.write_generated_hostfile(node, cfg.run_dir)
         cluster.check_master(node)
     port = cfg.launch.cluster.master_port or free_port()
-    for leftover in ("cancel", "finish"):  # a Cancel or Stop & save of an earlier attempt: a resume must not stop
+    for leftover in (CANCEL_FILE, FINISH_FILE):  # a Cancel or Stop & save of an earlier attempt: a resume must not stop
         (Path(cfg.run_dir) / leftover).unlink(missing_ok=True)
     log = open(Path(cfg.run_dir) / log_name(node.node_rank if node else 0), "ab")
     kwargs = {}
@@ -180,13 +181,13 @@ def _start(cfg: RunConfig, config_path, cuda: bool, node: cluster.NodePlan | Non
 
 def request_cancel(run_dir: str | os.PathLike) -> None:
     """Ask the engine to checkpoint and exit at the end of the current step."""
-    (Path(run_dir) / "cancel").touch()
+    (Path(run_dir) / CANCEL_FILE).touch()
 
 
 def request_finish(run_dir: str | os.PathLike) -> None:
     """Stop & save: the engine ends after the current step as if it were the last (final LoRA, checkpoint,
     'done', exit code 0)."""
-    (Path(run_dir) / "finish").touch()
+    (Path(run_dir) / FINISH_FILE).touch()
 
 
 def kill_tree(proc: subprocess.Popen, grace: float = 3.0) -> None:
@@ -299,7 +300,7 @@ def _run_one(cfg: RunConfig, config_path: str, args: argparse.Namespace) -> tupl
     proc = spawn(cfg, os.path.abspath(config_path), cuda=torch.cuda.is_available(), node_rank=args.node_rank,
                  master_addr=args.master_addr, master_port=args.master_port)
     print(f"training in {cfg.run_dir} (log: {log}); Ctrl+C stops after a checkpoint; "
-          f"creating {Path(cfg.run_dir) / 'finish'} ends it after the current step as a finished run", flush=True)
+          f"creating {Path(cfg.run_dir) / FINISH_FILE} ends it after the current step as a finished run", flush=True)
     stopped = False
     try:
         while proc.poll() is None:

@@ -67,7 +67,12 @@ def mean(value: float, device: torch.device) -> float:
 
 def any_true(flag: bool, device: torch.device) -> bool:
     """True on every rank if it is true on any rank (keeps ranks deciding together)."""
-    t = torch.tensor([1.0 if flag else 0.0], device=device)
+    return any_true_each((flag,), device)[0]
+
+
+def any_true_each(flags: tuple[bool, ...], device: torch.device) -> tuple[bool, ...]:
+    """any_true of each flag, in one all-reduce."""
+    t = torch.tensor([1.0 if flag else 0.0 for flag in flags], device=device)
     if dist.is_initialized():
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return bool(t.item() > 0)
+    return tuple(value > 0 for value in t.tolist())

@@ -242,9 +242,9 @@ def train(cfg: RunConfig, device: torch.device, events: EventLog, phases: SetupP
             renderer.maybe_render(step, total_steps, stop.requested)
         if saver.file_at(step) and step < total_steps:  # the final file is saved after the loop
             saver.weights(saver.step_file(step), step)
-        cancel = dist.any_true(stop.requested(), device)
+        cancel, finish = dist.any_true_each((stop.requested(), stop.finish_requested()), device)
         # Stop & save (the finish file): this step is the last, as with early_stop; a cancel wins over it.
-        finishing = not cancel and step < total_steps and dist.any_true(stop.finish_requested(), device)
+        finishing = finish and not cancel and step < total_steps
         if (cancel or stopped_early or finishing or (t.checkpoint_every and step % t.checkpoint_every == 0)
                 or step == total_steps):
             saver.checkpoint(step)

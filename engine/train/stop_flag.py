@@ -13,9 +13,7 @@ from pathlib import Path
 
 from ..launch import processes
 from ..launch.owner import OwnerWatch, watched_owner
-
-CANCEL_FILE = "cancel"  # the node (or a user) creates <run_dir>/cancel to stop the run cleanly
-FINISH_FILE = "finish"  # Stop & save: <run_dir>/finish makes the current step the run's last
+from ..launch.stop_files import CANCEL_FILE, FINISH_FILE  # written by the node, the launcher or a user
 
 
 class StopFlag:
