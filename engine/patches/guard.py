@@ -9,8 +9,14 @@ autograd error, or, under activation checkpointing, gives wrong gradients (MODEL
 or keyword argument, or one inside a tuple/list argument) has a newer autograd version after the
 block ran, the block wrote into its input, and training stops with a message that names the block
 class. The hooks remove themselves after that first call.
+
+The inputs are held weakly between the two hooks: a block that raises on its first call (a GPU out of
+memory in the fit probe's no-checkpointing pass) must not keep its input, and through the input's
+autograd graph every activation before it, alive for the next pass.
 """
 from __future__ import annotations
+
+import weakref
 
 import torch
 from torch import nn
@@ -37,12 +43,13 @@ def guard_blocks(diffusion_model: nn.Module) -> int:
         state = {}
 
         def before(module, args, kwargs, state=state):
-            state["versions"] = [(t, t._version) for t in _tensors(args, kwargs)]
+            state["versions"] = [(weakref.ref(t), t._version) for t in _tensors(args, kwargs)]
 
         def after(module, args, kwargs, output, state=state, index=index):
             for handle in state.pop("handles", ()):
                 handle.remove()
-            changed = [t for t, version in state.pop("versions", []) if t._version != version]
+            inputs = [(ref(), version) for ref, version in state.pop("versions", [])]
+            changed = [t for t, version in inputs if t is not None and t._version != version]
             if changed:
                 shape = tuple(changed[0].shape)
                 raise InPlaceBlockError(
