@@ -45,9 +45,10 @@ def write_cache(root: Path, shape: Shape, size: int, frames: int = 1, items: int
 
 def run_engine(name: str, model: str, cache: str, out: Path, *, gpus: int, steps: int, grad_accum: int = 1,
                stages: int = 1, split: str = "", memory: dict[str, Any] | None = None,
-               lora: dict[str, Any] | None = None) -> dict[str, Any]:
+               lora: dict[str, Any] | None = None, batch_size: int = 1) -> dict[str, Any]:
     """One training run through engine.launch.launcher; step times from its events (median after 2 warm-up steps).
-    memory / lora: MemorySpec / LoraSpec fields over the defaults (LoRA rank 32 on every block linear)."""
+    memory / lora: MemorySpec / LoraSpec fields over the defaults (LoRA rank 32 on every block linear).
+    batch_size: samples per micro-batch (the cache needs at least batch_size x grad_accum items)."""
     import torch
     from PipeTrain.engine.launch import launcher
     from PipeTrain.engine.config.launch import LaunchSpec
@@ -64,7 +65,8 @@ def run_engine(name: str, model: str, cache: str, out: Path, *, gpus: int, steps
                     cache_dir=cache, lora=LoraSpec(**{"rank": 32, "targets": "all_linear", **(lora or {})}),
                     memory=MemorySpec(base_dtype=fields.pop("base_dtype", "bfloat16"), pipeline_stages=stages,
                                       pipeline_split=split, **fields),
-                    train=TrainSpec(steps=steps, learning_rate=1e-4, batch_size=1, grad_accum=grad_accum, seed=0),
+                    train=TrainSpec(steps=steps, learning_rate=1e-4, batch_size=batch_size, grad_accum=grad_accum,
+                                    seed=0),
                     launch=LaunchSpec(num_gpus=gpus))
     cfg.save(run_dir / "run.json")
     started = time.time()
@@ -75,12 +77,13 @@ def run_engine(name: str, model: str, cache: str, out: Path, *, gpus: int, steps
     if proc.returncode != 0 or not step_events:
         tail = launcher.log_tail(run_dir, 30)
         print(tail, flush=True)
-        return {"run": name, "gpus": gpus, "stages": stages, "grad_accum": grad_accum,
+        return {"run": name, "gpus": gpus, "stages": stages, "grad_accum": grad_accum, "batch_size": batch_size,
                 "error": (tail.strip().splitlines() or [f"exit {proc.returncode}"])[-1][:160]}
     timed = step_events[2:] if len(step_events) > 3 else step_events[-1:]
     step_s = statistics.median(e["seconds"] for e in timed)
-    samples = grad_accum * (gpus // stages)
-    return {"run": name, "gpus": gpus, "stages": stages, "grad_accum": grad_accum, "step_s": step_s,
+    samples = batch_size * grad_accum * (gpus // stages)
+    return {"run": name, "gpus": gpus, "stages": stages, "grad_accum": grad_accum, "batch_size": batch_size,
+            "step_s": step_s,
             "samples_per_step": samples, "samples_per_s": samples / step_s, "ms_per_sample": 1000 * step_s / samples,
             "launch_to_first_step_s": step_events[0]["time"] - started,  # until the first loss is shown
             "first_step_s": step_events[0]["seconds"],  # compiling included
