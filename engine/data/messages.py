@@ -3,7 +3,7 @@ they are shown, what one usable image adds to them (`note_image`), and the error
 without usable images.
 
 Templates take {n} (how many files), {examples} (the first few names) and the fill values
-engine/data/scan.py passes ({ext}, {res}, {limit}, {need}, {fps}, {vfr_effect}). Each says what happened and the fix.
+engine/data/scan.py passes ({ext}, {res}, {limit}, {need}, {fps}, {vfr_effect}, {uncaptioned}). Each says what happened and the fix.
 """
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ WARNINGS = (
     ("caption_link", "{n} caption file(s) are links to a file outside their folder and are not read; their images "
                      "train with the empty caption: copy the captions into the folder, or turn on LoadDataset's "
                      "follow_links if you trust where they point: {examples}"),
-    ("missing", "{n} image(s) have no caption file ({ext}); they train with the empty caption: {examples}"),
+    ("missing", "{n} {uncaptioned} have no caption file ({ext}); they train with the empty caption: {examples}"),
     ("caption_unreadable", "{n} caption file(s) cannot be read; their images train with the empty caption: "
                            "{examples}"),
     ("caption_binary", "{n} caption file(s) hold binary data, not text (a picture or document saved under the "

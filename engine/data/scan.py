@@ -165,6 +165,7 @@ def scan_dataset(spec: DatasetSpec) -> ScanResult:
     subfolder_notes: list[str] = []
     candidates = 0  # media files found; those that are no item were skipped
     rates: dict[str, int] = {}  # the usable videos' frame rates, for the summary
+    uncaptioned: set[str] = set()  # "image(s)" / "video(s)": what the missing-caption warning names
     pairing = Pairing(spec.mask_folder, spec.control_folder, report, spec.follow_links)
     for folder in spec.folders:
         listing = _list_folder(folder.path)
@@ -223,6 +224,7 @@ def scan_dataset(spec: DatasetSpec) -> ScanResult:
                     report["empty_caption"].append(join(cap_name))
             else:
                 report["missing"].append(path)
+                uncaptioned.add("video(s)" if frames else "image(s)")
                 if other := lookalikes.get(name_key(os.path.splitext(name)[0])):  # a.caption, a.tags: another tool's
                     report["caption_other_ext"].append(f"{path} ({other})")
             items.append(dataclasses.replace(item, caption=caption))
@@ -244,7 +246,7 @@ def scan_dataset(spec: DatasetSpec) -> ScanResult:
     fill = {"ext": spec.caption_ext, "res": spec.resolution, "limit": (Image.MAX_IMAGE_PIXELS or 0) // 1_000_000,
             "max_caption": MAX_CAPTION_CHARS, "aspect_fix": aspect_advice(spec),
             "need": fr.clip_need(spec), "fps": fr.fps_text(fr.sampling_fps(spec)),
-            "vfr_effect": fr.variable_effect(spec)}
+            "vfr_effect": fr.variable_effect(spec), "uncaptioned": " and ".join(sorted(uncaptioned)) or "image(s)"}
     notice = merged_buckets_notice(spec.resolutions, spec.aspect_ratios, spec.bucket_multiple)
     warnings, rows = grouped_report(report, fill, {"buckets_merged": [notice] if notice else [],
                                                    "subfolder": subfolder_notes})

@@ -199,3 +199,15 @@ def test_auto_takes_the_rate_of_the_vaes_video_model(encoders, tmp_path):
     assert vae.clips == [list(range(9))]
     assert "target_fps is auto, but the VAE (TAEHV) does not say which video model's frame rate to use" in \
         "\n".join(out["ui"]["text"])
+
+
+def test_the_missing_caption_line_names_videos_as_videos(tmp_path):
+    """Uncaptioned clips are called videos in the report, and a mixed folder names both kinds."""
+    from PIL import Image
+
+    write_timed_video(tmp_path / "clip.mkv", AT_24)
+    text = "\n".join(_load(tmp_path, target_fps="16")["ui"]["text"])
+    assert "1 video(s) have no caption file (.txt)" in text and "image(s) have no caption" not in text
+    Image.new("RGB", (64, 64), (10, 20, 30)).save(tmp_path / "still.png")
+    text = "\n".join(_load(tmp_path, target_fps="16")["ui"]["text"])
+    assert "2 image(s) and video(s) have no caption file (.txt)" in text
