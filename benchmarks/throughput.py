@@ -9,7 +9,8 @@ For each model shape (benchmarks/model_shapes.py: ComfyUI's own class at the rel
 random weights) and option set, it writes the model file and a synthetic latent cache
 (benchmarks/engine_bench.py), trains through the real engine (launcher -> DeepSpeed rank -> events:
 LoRA rank 32 on every block linear, --batch-sizes samples per micro-batch (each its own run; default 1),
---grad-accum micro-batches per step, AdamW) and prints one table: samples/s, ms/sample, MFU, peak GiB and the time from launch to the first loss.
+--grad-accum micro-batches per step, AdamW) and prints one table: samples/s, ms/sample, MFU, peak GiB and
+the time from launch to the first loss.
 
 Resolutions: images 1024x1024, videos 512x512x81 frames (memory.RESOLUTION).
 MFU = model FLOPs per sample / seconds per sample / the GPU's measured bf16 matmul speed (8192^3).
