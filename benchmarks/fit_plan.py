@@ -29,10 +29,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_env import REPO, setup  # noqa: E402
+from memory import RESOLUTION  # noqa: E402  (the benchmark resolutions of every model)
 
 GIB = 1024**3
-RESOLUTION = {"wan21_14b": dict(size=512, frames=81), "flux_dev": dict(size=1024, frames=1),
-              "tiny_wan": dict(size=64, frames=9)}
 TINY_BUDGET_GIB = 0.0123  # ~12.6 MiB, 90% usable: below the tiny Wan's need without savings (--tiny prints figures)
 
 

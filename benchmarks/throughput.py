@@ -74,13 +74,11 @@ def main() -> int:
     from memory import RESOLUTION, measured_peak_tflops, model_tflops
     from model_shapes import SHAPES, write_random
 
-    resolution = {**RESOLUTION, "tiny_wan": dict(size=64, frames=9)}
-
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rows = []
     for name in args.models.split(","):
-        shape, res = SHAPES[name], resolution[name]
+        shape, res = SHAPES[name], RESOLUTION[name]
         model = out / f"{name}_random.safetensors"
         if not model.exists():
             t0 = time.time()
@@ -112,7 +110,7 @@ def main() -> int:
     print("| model | resolution | option | batch | samples/s | ms/sample | MFU | peak GiB | launch -> first loss s |")
     print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        res = resolution[r["model"]]
+        res = RESOLUTION[r["model"]]
         dims = f"{res['size']}x{res['size']}" + (f"x{res['frames']}" if res["frames"] > 1 else "")
         if "error" in r:
             print(f"| {r['model']} | {dims} | {r['option']} | {r['batch_size']} | {r['error']} | | | | |")

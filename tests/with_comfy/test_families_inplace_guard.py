@@ -90,7 +90,7 @@ def test_block_that_runs_out_of_memory_keeps_no_activation_alive():
     guard_blocks(model)
     made = []
     model.blocks[0].register_forward_hook(lambda module, args, out: made.append(weakref.ref(out)))
-    trainable = [p for p in model.parameters()]
+    trainable = list(model.parameters())
     x = torch.randn(2, 4)
     peak, _ = measure_mode(model, "off", lambda: model(x).sum().backward(), trainable, torch.device("cpu"))
     assert peak is None  # the pass ran out of memory
