@@ -11,6 +11,7 @@ import importlib.util
 import signal
 import struct
 import sys
+import time
 import types
 from pathlib import Path
 
@@ -99,20 +100,47 @@ def test_an_offline_wandb_run_holds_the_loss_history(tmp_path, comfy_root, demo_
     cfg, events = _run_main(tmp_path, comfy_root, demo_base, cache_dir, "offline")
     steps, evals = _expected(events)
     (log,) = (Path(cfg.run_dir) / "wandb").glob("offline-run-*/run-*.wandb")  # W&B's files in the run folder
+    records = _finished_records(log)
     history = {}
-    for step, values in _history(log):
+    for step, values in _history(records):
         history.setdefault(step, {}).update(values)
+    kinds = [r.WhichOneof("record_type") for r in records]
     assert {s: {k: v[k] for k in ("train/loss", "train/lr", "train/grad_norm")}
-            for s, v in history.items() if "train/loss" in v} == steps
-    assert {s: v["eval/loss"] for s, v in history.items() if "eval/loss" in v} == evals
+            for s, v in history.items() if "train/loss" in v} == steps, kinds
+    assert {s: v["eval/loss"] for s, v in history.items() if "eval/loss" in v} == evals, kinds
 
 
-def _history(path: Path):
-    """(step, {key: value}) of each history record of W&B's run file: records of W&B's protobuf schema
-    (wandb.proto, shipped with the package) in LevelDB's log framing (32 KiB blocks; each chunk a 7-byte
-    header: crc32, length, type 1 full / 2 first / 3 middle / 4 last) after a 7-byte file header."""
+def _finished_records(path: Path, wait_s: float = 60.0) -> list:
+    """The run file's records once it holds the run's exit record. W&B's own service process writes the file
+    (wandb-core, beside the training process): on a loaded machine it may still be writing when finish()
+    has returned, so wait for the record it writes last rather than reading a file half written."""
+    from google.protobuf.message import DecodeError
+
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            records = list(_records(path))
+        except DecodeError:  # the last record is being written
+            records = []
+        if any(r.WhichOneof("record_type") == "exit" for r in records) or time.monotonic() > deadline:
+            return records
+        time.sleep(0.5)
+
+
+def _history(records: list):
+    """(step, {key: value}) of each history record."""
     import json
 
+    for parsed in records:
+        if parsed.WhichOneof("record_type") == "history":
+            values = {i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in parsed.history.item}
+            yield values.pop("_step"), values
+
+
+def _records(path: Path):
+    """The records of W&B's run file: W&B's protobuf schema (wandb.proto, shipped with the package) in
+    LevelDB's log framing (32 KiB blocks; each chunk a 7-byte header: crc32, length, type 1 full / 2 first /
+    3 middle / 4 last) after a 7-byte file header."""
     from wandb.proto import wandb_internal_pb2
 
     data, block, pos, record = path.read_bytes(), 32768, 7, b""
@@ -129,6 +157,4 @@ def _history(path: Path):
         if kind in (1, 4):
             parsed = wandb_internal_pb2.Record()
             parsed.ParseFromString(record)
-            if parsed.WhichOneof("record_type") == "history":
-                values = {i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in parsed.history.item}
-                yield values.pop("_step"), values
+            yield parsed
