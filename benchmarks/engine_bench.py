@@ -23,7 +23,7 @@ def write_cache(root: Path, shape: Shape, size: int, frames: int = 1, items: int
     from PipeTrain.engine.cache.writer import write_item
     from PipeTrain.engine.data.scan import DatasetSpec, FolderSpec
 
-    from model_shapes import sample_cond
+    from shape_cond import sample_cond
 
     latent = shape.latent(size, frames, height)
     gen = torch.Generator().manual_seed(0)

@@ -64,7 +64,8 @@ def child(job: dict) -> dict:
     import comfy.sd
     from safetensors.torch import load_file
 
-    from model_shapes import SHAPES, sample_cond
+    from model_shapes import SHAPES
+    from shape_cond import sample_cond
     from PipeTrain.engine.config.run import RunConfig
     from PipeTrain.engine.config.sections import LoraSpec, MemorySpec, TrainSpec
     from PipeTrain.engine.train.lora import inject_lora, lora_parameters, lora_state_dict, lora_tensors, save_lora
@@ -210,7 +211,8 @@ def main() -> int:
         print("RESULT " + json.dumps(child(json.loads(args.child))), flush=True)
         return 0
     setup()
-    from model_shapes import DETECTION_PINS_DEPTH, SHAPES, host_lacks, write_random
+    from model_shapes import DETECTION_PINS_DEPTH, SHAPES, host_lacks
+    from shape_files import write_random
 
     if args.tiny:
         names = ["tiny_wan"]

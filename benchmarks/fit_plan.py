@@ -51,7 +51,7 @@ def _model(job: dict, memory, device):
     from PipeTrain.engine.patches.trainable import make_trainable
     from PipeTrain.engine.train.lora import inject_lora
     from PipeTrain.engine.train.objective import DiffusionObjective
-    from model_shapes import sample_cond
+    from shape_cond import sample_cond
 
     cfg = RunConfig(run_name="fitbench", run_dir=job["work"], comfyui_root=os.environ["COMFYUI_PATH"],
                     model_path=job["model_path"], cache_dir=job["work"], lora=LoraSpec(rank=32, targets="all_linear"),
@@ -188,7 +188,7 @@ def main() -> int:
         args.models, args.budget_gib, args.steps = "tiny_wan", TINY_BUDGET_GIB, 2
         os.environ.setdefault("OMP_NUM_THREADS", "1")
     setup()
-    from model_shapes import write_random
+    from shape_files import write_random
 
     work = Path(args.work or Path(tempfile.gettempdir()) / ("pipetrain-fitbench" + ("-tiny" if args.tiny else "")))
     work.mkdir(parents=True, exist_ok=True)

@@ -66,7 +66,8 @@ def step_flops(shape, size: int, frames: int = 1, lora_rank: int = 32, lora_targ
     from PipeTrain.engine.config.sections import LoraSpec
     from PipeTrain.engine.train.lora import inject_lora
 
-    from model_shapes import build, sample_cond
+    from model_shapes import build
+    from shape_cond import sample_cond
 
     latent = shape.latent(size, frames)
     cond = sample_cond(shape)

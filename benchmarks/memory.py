@@ -70,7 +70,7 @@ def child(job: dict) -> dict:
     from PipeTrain.engine.train.optimizers import build_optimizer
     from PipeTrain.engine.patches.trainable import make_trainable
     from PipeTrain.engine.train.plain import PlainTrainer
-    from model_shapes import sample_cond
+    from shape_cond import sample_cond
 
     device = torch.device("cuda", 0) if cuda else torch.device("cpu")
     fields = {k: v for k, v in job["memory"].items() if k != "capped"}
@@ -268,7 +268,7 @@ def main() -> int:
     setup()
     import torch
 
-    from model_shapes import write_random
+    from shape_files import write_random
 
     import tempfile
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 from contextlib import contextmanager
 from typing import Any
 
-from model_shapes import Shape, build, sample_cond
+from model_shapes import Shape, build
+from shape_cond import sample_cond
 
 
 def meta_kwargs(model, x0, cond: dict) -> dict[str, Any]:

@@ -9,9 +9,10 @@ host is missing for one of them.
 
     shape = SHAPES["flux_dev"]
     model = build(shape, device="meta")           # ComfyUI BaseModel, no memory used
-    write_random(shape, "flux_random.safetensors")  # a file ComfyUI's loader detects as that model
+    write_random(shape, "flux_random.safetensors")  # shape_files.py: a file ComfyUI detects as that model
     small = shallow(shape, blocks=2)              # released widths, 2 blocks per block list
     detected(small)                               # (class, unet_config) detection makes of its file
+    sample_cond(shape, size=1024)                 # shape_cond.py: one sample's cached conditioning
 
 A shallow file of a family in DETECTION_PINS_DEPTH still detects as its class, but ComfyUI's loader
 builds it at the released depth (its detection does not count blocks there): build such a shape with
@@ -24,7 +25,6 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Any
 
 from model_shapes_033 import NEEDS, SHAPES_033
@@ -326,92 +326,6 @@ def detected(shape: Shape) -> tuple[str, dict] | None:
 
 def param_count(shape: Shape) -> int:
     return sum(p.numel() for p in build(shape).diffusion_model.state_dict().values())
-
-
-def random_state(diffusion_model, seed: int = 0) -> dict:
-    """bf16 random values (on the CPU) for every tensor of the model's state dict, by write_random's rule."""
-    import torch
-
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    gen = torch.Generator(device=device).manual_seed(seed)
-    norms = (torch.nn.LayerNorm, torch.nn.GroupNorm, torch.nn.RMSNorm)
-    scales = {f"{m}.weight" for m, mod in diffusion_model.named_modules() if isinstance(mod, norms)}
-    state = {}
-    for name, p in diffusion_model.state_dict().items():
-        if p.ndim >= 2:
-            t = torch.randn(p.shape, generator=gen, device=device, dtype=torch.bfloat16).mul_(0.02)
-        elif name.endswith("inv_freq"):  # rope frequencies a file carries (MiniMax H3): theta 10000's
-            t = 1.0 / 10000.0 ** (torch.arange(p.shape[0], device=device, dtype=torch.float32) / p.shape[0])
-        else:
-            scale = name in scales or "norm" in name
-            t = (torch.ones if scale else torch.zeros)(p.shape, dtype=torch.bfloat16, device=device)
-        state[name] = t.cpu()
-    return state
-
-
-def write_random(shape: Shape, path: str | Path, seed: int = 0) -> int:
-    """Write a bf16 random-init diffusion-model file ComfyUI detects as `shape`; returns the parameter count.
-
-    Matrices ~ N(0, 0.02), norm scales 1, other vectors 0. Norm scales are the weights of normalisation
-    modules, also those not named "norm" (the UNets' GroupNorms are `in_layers.0`, `out.0`, ...: a zero
-    scale there makes the output a constant and every LoRA gradient zero). Drawn on the GPU when there
-    is one (a 12B model takes minutes to draw on a CPU).
-    """
-    from safetensors.torch import save_file
-
-    state = random_state(build(shape).diffusion_model, seed)
-    count = sum(t.numel() for t in state.values())
-    tmp = Path(f"{path}.tmp")
-    save_file(state, str(tmp), metadata=file_metadata(shape))
-    tmp.replace(path)
-    return count
-
-
-def sample_cond(shape: Shape, device: str = "cpu", seed: int = 0, size: int = 1024, frames: int = 1,
-                height: int = 0) -> dict[str, Any]:
-    """One sample's conditioning in the cache's form: {"cross_attn": [T, D], "extras": {...}}, tensors
-    without the batch dim, every key the family's extra_conds reads for plain text-to-image/video training.
-
-    Reference latents (edit models) are raw latents of the sample's own size (size x height x frames),
-    under the cache's flat keys "reference_latents.0", ... (engine/train/conditioning.py lists them again).
-    """
-    import torch
-
-    gen = torch.Generator().manual_seed(seed)
-    extras: dict[str, Any] = dict(shape.extras)
-    if shape.pooled_dim:
-        extras["pooled_output"] = torch.randn(shape.pooled_dim, generator=gen).to(device)
-    cross = torch.randn((shape.text_tokens, shape.text_dim), generator=gen).to(device)
-    for key, dims in shape.cond_tensors.items():
-        extras[key] = torch.randn(dims, generator=gen).to(device)
-    for key, kind in shape.token_tensors.items():
-        n = shape.text_tokens
-        extras[key] = (torch.ones(n, dtype=torch.long) if kind == "ones" else torch.ones(n) if kind == "weights"
-                       else torch.randint(1, int(kind.split(":")[1]), (n,), generator=gen, dtype=torch.int32)).to(device)
-    if shape.audio_stream:  # the packed row's streams, as the sampler passes them (batch dim 1)
-        extras["latent_shapes"] = [torch.Size((1, *s)) for s in shape.latent_streams(size, frames, height)]
-    if shape.attention_mask:  # an unpadded caption: every token attended
-        extras["attention_mask"] = torch.ones(shape.text_tokens, dtype=torch.long, device=device)
-    for i in range(shape.reference_latents):
-        extras[f"reference_latents.{i}"] = torch.randn(shape.latent(size, frames, height), generator=gen).to(device)
-    if shape.first_frame:  # the keys engine/cache/first_frame.py stores, with a random start-frame latent
-        latent = shape.latent(size, frames, height)
-        mask = torch.ones((1, *latent[1:]))
-        mask[:, :1] = 0.0  # the first latent frame is the given one
-        if shape.first_frame == "clean_first_frame":
-            extras["denoise_mask"] = mask.to(device)
-        else:
-            concat = torch.randn(latent, generator=gen)
-            if shape.first_frame == "start_frame_concat":
-                concat[:, 1:] = 0.0
-            extras["concat_latent_image"], extras["concat_mask"] = concat.to(device), mask.to(device)
-    if shape.clip_vision:
-        name, tokens, width = shape.clip_vision
-        extras[f"clip_vision_output.{name}"] = torch.randn((tokens, width), generator=gen).to(device)
-    cond = {"cross_attn": cross, "extras": extras}
-    if shape.token_tensors:  # the text encoders give these without a batch dim; the cache lists them so
-        cond["unbatched"] = tuple(shape.token_tensors)
-    return cond
 
 
 def main() -> None:

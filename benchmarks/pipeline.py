@@ -78,7 +78,8 @@ def main() -> int:
 
     setup(pytorch_attention=not args.tiny)
     from engine_bench import lora_drift, run_engine, write_cache
-    from model_shapes import SHAPES, write_random
+    from model_shapes import SHAPES
+    from shape_files import write_random
 
     shape = SHAPES[args.model]
     if args.blocks:

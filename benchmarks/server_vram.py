@@ -92,7 +92,9 @@ def main() -> int:
     import comfy.model_management as mm
     import comfy.sd
 
-    from model_shapes import SHAPES, sample_cond, shallow, write_random
+    from model_shapes import SHAPES, shallow
+    from shape_cond import sample_cond
+    from shape_files import write_random
     from PipeTrain.engine.train.objective import DiffusionObjective, transformer_options
     from PipeTrain.nodes.compat import free_accelerator_memory
 

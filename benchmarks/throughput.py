@@ -72,7 +72,8 @@ def main() -> int:
 
     from engine_bench import run_engine, write_cache
     from memory import RESOLUTION, measured_peak_tflops, model_tflops
-    from model_shapes import SHAPES, write_random
+    from model_shapes import SHAPES
+    from shape_files import write_random
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

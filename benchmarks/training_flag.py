@@ -61,7 +61,9 @@ def main() -> int:
     setup(pytorch_attention=cuda)
     import comfy.model_management as mm
 
-    from model_shapes import SHAPES, build, random_state, sample_cond, shallow
+    from model_shapes import SHAPES, build, shallow
+    from shape_cond import sample_cond
+    from shape_files import random_state
     from PipeTrain.engine.patches.host import comfy_version
 
     if not hasattr(mm, "in_training"):

@@ -19,6 +19,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
 import model_shapes as ms  # noqa: E402
+from shape_cond import sample_cond  # noqa: E402
+from shape_files import random_state, write_random  # noqa: E402
 from pack import load_pack  # noqa: E402
 
 load_pack()
@@ -115,7 +117,7 @@ def test_latent_and_conditioning_shapes(comfy, name):
     assert latent == LATENT[name]
     fmt = getattr(comfy.supported_models, shape.family).latent_format
     assert latent[0] == fmt.latent_channels
-    cond = ms.sample_cond(shape, size=1024)
+    cond = sample_cond(shape, size=1024)
     assert set(cond["extras"]) == EXTRAS[name]
     assert tuple(cond["cross_attn"].shape) == (shape.text_tokens, shape.text_dim)
     for key, value in cond["extras"].items():
@@ -181,7 +183,7 @@ def test_a_shallow_model_trains_a_step_on_cpu(comfy, name):
     init_weights(model.diffusion_model)
     model.requires_grad_(False)
     latents = torch.randn((1, *shape.latent(size, frames)))
-    cond = ms.sample_cond(shape, size=size, frames=frames)
+    cond = sample_cond(shape, size=size, frames=frames)
     cond["cross_attn"] = cond["cross_attn"][:8]  # a short caption: the layout matters here, not the length
     if "attention_mask" in cond["extras"]:
         cond["extras"]["attention_mask"] = cond["extras"]["attention_mask"][:8]
@@ -203,7 +205,7 @@ def test_a_written_shallow_file_loads_through_comfyui_as_its_family(comfy, name,
 
     shape = ms.shallow(ms.SHAPES[name], 1)
     path = tmp_path / f"{name}.safetensors"
-    count = ms.write_random(shape, path)
+    count = write_random(shape, path)
     assert count == ms.param_count(shape)
     model = comfy.sd.load_diffusion_model(str(path)).model
     assert type(model.model_config).__name__ == shape.family
@@ -255,7 +257,7 @@ def test_033_latent_text_width_and_conditioning_are_the_tiny_familys(comfy, name
     assert sum(built[key][dim] for key in keys) * multiple == shape.text_dim
     tiny = next(f for f in [*FAMILIES, LTXAV] if f.name == TINY_033[name])
     want = tiny.extras(torch.Generator().manual_seed(0))
-    cond = ms.sample_cond(shape, size=512 if shape.video else 1024, frames=33 if shape.video else 1)
+    cond = sample_cond(shape, size=512 if shape.video else 1024, frames=33 if shape.video else 1)
     assert set(cond["extras"]) == set(want)
     assert set(cond.get("unbatched", ())) == set(tiny.unbatched)
     for k, v in want.items():
@@ -299,10 +301,10 @@ def test_033_minimax_h3_runs_at_its_released_widths_on_cpu(comfy):
     shape = ms.shallow(ms.SHAPES["minimax_h3_t2v"], 1)
     model = ms.build(shape, dtype=torch.bfloat16)
     model.diffusion_model.to_empty(device="cpu")
-    model.diffusion_model.load_state_dict(ms.random_state(model.diffusion_model))
+    model.diffusion_model.load_state_dict(random_state(model.diffusion_model))
     model.model_sampling.to("cpu")
     x0 = torch.randn((1, *shape.latent(128, 9)))
-    cond = ms.sample_cond(shape, size=128, frames=9)
+    cond = sample_cond(shape, size=128, frames=9)
     cond["cross_attn"] = cond["cross_attn"][:8]  # a short caption
     cond["extras"]["minimax_token_tags"] = cond["extras"]["minimax_token_tags"][:8]
     with torch.no_grad():
