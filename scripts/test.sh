@@ -12,6 +12,12 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 SHARED_033="$ROOT/../shared/comfyui-0.33.0"
 PYTEST=(-m pytest -q -p no:cacheprovider --durations=25)  # the 25 slowest tests: what to look at when CI nears its limit
+# Each suite runs on several pytest workers (pytest-xdist), a test file per worker at a time (its module fixtures
+# are built once). One test alone keeps about one core busy (a rank waits for its peer, the server for a
+# rank, a poll for a file), so two workers on 2 cores finish in about two thirds of the time of one.
+# PIPETRAIN_TEST_WORKERS picks the count (default: the cores, at most 4; 1 = no workers, one process).
+WORKERS="${PIPETRAIN_TEST_WORKERS:-$(n=$(nproc 2>/dev/null || echo 2); [ "$n" -gt 4 ] && n=4; [ "$n" -lt 2 ] && n=2; echo $n)}"
+if [ "$WORKERS" -gt 1 ]; then PYTEST+=(-n "$WORKERS" --dist loadfile); fi
 TMP="$(mktemp -d "${TMPDIR:-/tmp}/pipetrain-test.XXXXXX")"
 trap 'rm -rf "$TMP"' EXIT
 now() { date +%s; }
