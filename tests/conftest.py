@@ -36,6 +36,28 @@ def pytest_configure(config):
                             "ComfyUI 0.33.0 with `-m core`)")
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_report_to_serializable(config, report):
+    """A report as pytest-xdist's workers send it (scripts/test.sh), with every string UTF-8 encodable. A test
+    of file names that are not UTF-8 captures them as surrogate escapes (os.fsdecode), and the workers' channel
+    refuses such a string: the whole run would stop. They are shown as backslash escapes instead."""
+    return _utf8_safe((yield))
+
+
+def _utf8_safe(value):
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+            return value
+        except UnicodeEncodeError:
+            return value.encode("utf-8", "backslashreplace").decode("utf-8")
+    if isinstance(value, dict):
+        return {_utf8_safe(k): _utf8_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_utf8_safe(v) for v in value)
+    return value
+
+
 @pytest.fixture(scope="session")
 def comfy_root() -> str:
     """The ComfyUI source tree: $COMFYUI_PATH, else <repo>/.comfyui/ComfyUI (scripts/bootstrap.sh)."""
