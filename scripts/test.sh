@@ -13,8 +13,9 @@ cd "$ROOT"
 SHARED_033="$ROOT/../shared/comfyui-0.33.0"
 PYTEST=(-m pytest -q -p no:cacheprovider --durations=25)  # the 25 slowest tests: what to look at when CI nears its limit
 # Each suite runs on several pytest workers (pytest-xdist), a test file per worker at a time (its module fixtures
-# are built once). One test alone keeps about one core busy (a rank waits for its peer, the server for a
-# rank, a poll for a file), so two workers on 2 cores finish in about two thirds of the time of one.
+# are built once). One test alone leaves a core idle much of the time (a rank waits for its peer, the server
+# for a rank, a poll for a file); on a 2-core machine two workers took the main suite from 47 to 32 minutes and
+# the core suite from 22 to 13 (2026-12-07; the earlier figures with the two suites side by side).
 # PIPETRAIN_TEST_WORKERS picks the count (default: the cores, at most 4; 1 = no workers, one process).
 WORKERS="${PIPETRAIN_TEST_WORKERS:-$(n=$(nproc 2>/dev/null || echo 2); [ "$n" -gt 4 ] && n=4; [ "$n" -lt 2 ] && n=2; echo $n)}"
 if [ "$WORKERS" -gt 1 ]; then PYTEST+=(-n "$WORKERS" --dist loadfile); fi

@@ -130,6 +130,7 @@ def test_dora_trains_on_fp8_weights_and_comfyui_applies_it(tmp_path, comfy_root,
     from PipeTrain.engine.train.sample_order import batch_items
     from engine_runs import build_cache
 
+    torch.manual_seed(0)  # the same draws whichever tests ran before in this process (scripts/test.sh: workers)
     dataset = CachedDataset(build_cache(comfy_root, demo_base))
     cfg, model = _fp8_model(tmp_path, comfy_root, demo_base, where)
     spec = LoraSpec(rank=4, alpha=8.0, kind="dora", targets="all_linear")
@@ -171,7 +172,9 @@ def test_dora_trains_on_fp8_weights_and_comfyui_applies_it(tmp_path, comfy_root,
         base = output(_fp8_model(tmp_path, comfy_root, demo_base, where)[1])
     effect = (want - base).abs().max().item()
     assert effect > 1e-2  # the DoRA changes the output ...
-    assert (got - want).abs().max().item() < 0.2 * effect  # ... and ComfyUI's patched fp8 model gives it
+    # ... and ComfyUI's patched fp8 model gives it, up to the fp8 rounding of the merged weights: over seeds 0-9
+    # that rounding was 12-29% of the DoRA's effect (max abs); a DoRA not applied would leave 100%
+    assert (got - want).abs().max().item() < 0.4 * effect
 
 
 def test_block_swap_on_a_quantized_file_is_refused_with_the_fix(tmp_path, comfy_root, demo_base):
