@@ -206,23 +206,29 @@ _COMM_TYPES = {"DistError", "DistBackendError", "DistNetworkError", "DistStoreEr
 _COMM_WORDS = ("gloo", "nccl", "connection closed by peer", "connection reset", "timed out", "broken pipe")
 
 
+def is_comm_failure(exc: BaseException) -> bool:
+    """Whether exc is torch.distributed's or gloo's / NCCL's way of saying a peer or the network is gone."""
+    names = {c.__name__ for c in type(exc).__mro__}
+    text = str(exc).lower()
+    return bool(names & _COMM_TYPES) or (isinstance(exc, RuntimeError) and any(w in text for w in _COMM_WORDS))
+
+
 def explain_comm_failure(exc: BaseException, cfg: RunConfig, rank: int, world: int, node_rank: int,
                          lost: list[dict] | None = None) -> str | None:
     """A clear message for a rank that lost its peers (a node died, the network failed); None otherwise.
     lost: the ranks on this host seen ended (engine/launch/rank_exits.py), named first when one was killed."""
     if world <= 1:
         return None
-    names = {c.__name__ for c in type(exc).__mro__}
-    text = str(exc)
-    if not names & _COMM_TYPES and not (isinstance(exc, RuntimeError) and any(w in text.lower() for w in _COMM_WORDS)):
+    if not is_comm_failure(exc):
         return None
+    text = str(exc)
     first = text.strip().splitlines()[0][:300] if text.strip() else type(exc).__name__
     killed = rank_exits.killed_peer(lost or [])
     if killed:
         return f"{killed} The other ranks stopped because it was gone (rank {rank}: {first})."
     if not cfg.launch.cluster.multi_node:
         return (f"rank {rank} lost contact with the other ranks: {first}. " + (rank_exits.stopped_peer(lost or []) or
-                "Another rank stopped first: its own error, earlier in train.log, is the cause."))
+                rank_exits.UNKNOWN_CAUSE))
     latest = Path(cfg.run_dir) / "checkpoints" / "latest"
     resume = (f"the last checkpoint, {latest.read_text().strip()}" if latest.is_file()
               else "the start (no checkpoint was written yet)")

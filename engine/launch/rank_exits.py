@@ -13,8 +13,14 @@ from __future__ import annotations
 
 import re
 import socket
+import time
 
 from . import processes
+
+UNKNOWN_CAUSE = "Another rank stopped first: its own error, earlier in train.log, is the cause."
+# a surviving rank's guesses at the cause (stopped_peer's sentence, or UNKNOWN_CAUSE where it saw no peer end)
+_GUESS = re.compile(r" ?(?:Another rank|rank \d+ \(pid \d+\)) stopped first[^:]*: its own error, earlier in "
+                    r"train\.log, is the cause\.")
 
 # DeepSpeed's launcher's lines or local_ranks.py's; local lines only (no "host:" prefix of DeepSpeed's runner)
 _SPAWNED = re.compile(r"^\[[^\n]*\] process (\d+) spawned with command|^\[local_ranks\] rank \d+ is process (\d+):", re.M)
@@ -28,9 +34,19 @@ def _numbers(pattern: re.Pattern, text: str) -> list[int]:
     return [int(a or b) for a, b in pattern.findall(text)]
 
 
-def lost_ranks(peers: list[dict], me: int) -> list[dict]:
+def lost_ranks(peers: list[dict], me: int, wait_s: float = 0.0) -> list[dict]:
     """Ranks on this host (from node_checks' facts: rank, pid, start, host) that have ended:
-    [{"rank", "pid", "returncode" (None once reaped)}]."""
+    [{"rank", "pid", "returncode" (None once reaped)}]. wait_s: how long to look again while none has
+    ended, for a peer whose sockets closed before the kernel finished its exit (a busy machine)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        lost = _ended(peers, me)
+        if lost or time.monotonic() >= deadline:
+            return lost
+        time.sleep(0.05)
+
+
+def _ended(peers: list[dict], me: int) -> list[dict]:
     host = socket.gethostname()
     lost = []
     for peer in peers:
@@ -92,4 +108,5 @@ def failure_cause(log_text: str, errors: list[dict], returncode: int | None, pid
     if f"rank {rank} (pid {dead}) was killed" in first:
         return first  # a surviving rank saw it already
     sentence = killed_sentence(f"rank {rank}", dead, codes[-1])
+    first = _GUESS.sub("", first).strip()  # the surviving rank's guess, answered by the sentence
     return f"{sentence} The other ranks stopped because it was gone ({first})" if first else sentence

@@ -19,7 +19,7 @@ import torch.distributed as tdist
 
 from ..config.rules import data_parallel_size
 from ..config.run import RunConfig
-from ..launch.cluster import ClusterError, explain_comm_failure
+from ..launch.cluster import ClusterError, explain_comm_failure, is_comm_failure
 from ..launch import processes, rank_exits
 from ..version import __version__
 
@@ -150,7 +150,8 @@ def failure_message(exc: BaseException, cfg: RunConfig, peers: list[dict] | None
     """The 'error' event's text: a lost node reads as one, with what to do; a rank on this host that was
     killed (peers: check_agreement's facts) is named with its pid and signal; anything else as raised."""
     if tdist.is_initialized():
-        lost = rank_exits.lost_ranks(peers or [], tdist.get_rank())
+        # a peer's sockets close before its exit ends: on a busy machine it may still look alive for a moment
+        lost = rank_exits.lost_ranks(peers or [], tdist.get_rank(), wait_s=3.0 if is_comm_failure(exc) else 0.0)
         explained = explain_comm_failure(exc, cfg, tdist.get_rank(), tdist.get_world_size(), node_rank(), lost)
         if explained:
             return explained

@@ -73,3 +73,31 @@ def test_our_launchers_lines_name_the_silent_rank_too():
     assert rank_exits.failure_cause(finished, [], 137, 2000, "deepspeed").startswith("rank 0 (pid 2064) was killed")
     assert rank_exits.failure_cause(OUR_LOG.replace("code -9", "code 1"), [lost], 1, 2000, "deepspeed") == \
         lost["message"]
+
+
+def test_the_surviving_ranks_guess_is_left_out_once_the_log_names_the_killed_rank():
+    """A surviving rank that saw no peer end (its socket closed before the kernel finished the peer's
+    exit) guesses "another rank stopped first"; the launcher's lines answer that guess."""
+    for guess in (rank_exits.UNKNOWN_CAUSE, "rank 0 (pid 1064) stopped first: its own error, earlier in train.log, "
+                  "is the cause."):
+        lost = dict(LOST_CONTACT, message=f"rank 1 lost contact with the other ranks: Connection closed by peer. {guess}")
+        cause = rank_exits.failure_cause(LOG, [lost], 247, 1000, "deepspeed")
+        assert cause.startswith("rank 0 (pid 1064) was killed by SIGKILL"), cause
+        assert "stopped first" not in cause and "rank 1 lost contact with the other ranks: Connection closed" in cause
+
+
+def test_a_surviving_rank_waits_for_a_peer_that_is_still_ending():
+    peer = subprocess.Popen(["sleep", "60"])
+    try:
+        facts = [{"rank": 0, "pid": peer.pid, "start": processes.start_time(peer.pid), "host": socket.gethostname()}]
+        start = time.monotonic()
+        assert rank_exits.lost_ranks(facts, me=1, wait_s=0.3) == []  # alive: looked for the whole wait
+        assert time.monotonic() - start >= 0.3
+        killer = subprocess.Popen(["sh", "-c", f"sleep 0.5; kill -9 {peer.pid}"])
+        lost = rank_exits.lost_ranks(facts, me=1, wait_s=10)
+        assert lost and lost[0]["rank"] == 0 and lost[0]["returncode"] == -9, lost
+        assert time.monotonic() - start < 5
+        killer.wait()
+    finally:
+        peer.kill()
+        peer.wait()
