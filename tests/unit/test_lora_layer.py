@@ -27,8 +27,10 @@ def _peft_pair(rank: int = 4, alpha: float = 8.0, bias: bool = True):
 
 @pytest.mark.parametrize("shape", [(2, 5, 16), (7, 16)])
 @pytest.mark.parametrize("bias", [True, False])
-def test_output_and_gradients_equal_peft_in_float32(shape, bias):
-    reference, ours = _peft_pair(bias=bias)
+@pytest.mark.parametrize("alpha", [8.0, 4.0])  # scale 2, and 1 (alpha = rank: no multiply)
+def test_output_and_gradients_equal_peft_in_float32(shape, bias, alpha):
+    reference, ours = _peft_pair(alpha=alpha, bias=bias)
+    assert ours[0].scaling["default"] == alpha / 4
     x = torch.randn(shape, generator=torch.Generator().manual_seed(1))
     outputs, grads = [], []
     for model in (reference, ours):
