@@ -47,7 +47,7 @@ def _activation_dtype_forward(self, x: torch.Tensor, *args, **kwargs) -> torch.T
     hidden = torch.nn.functional.linear(self.lora_dropout[ADAPTER](x), a.to(x.dtype))
     update = torch.nn.functional.linear(hidden, b.to(x.dtype))
     scale = self.scaling[ADAPTER]
-    # alpha = rank (the default) scales by 1: no multiply, forward or backward (~15% of a layer's LoRA host time)
+    # alpha = rank (the default) scales by 1: no multiply forward or backward (10 aten calls fewer per layer)
     return result + (update if scale == 1.0 else update * scale)
 
 
