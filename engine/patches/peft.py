@@ -44,8 +44,9 @@ def _activation_dtype_forward(self, x: torch.Tensor, *args, **kwargs) -> torch.T
     if self.disable_adapters or self.merged or ADAPTER not in self.active_adapters:
         return result
     a, b = self.lora_A[ADAPTER].weight, self.lora_B[ADAPTER].weight
-    hidden = torch.nn.functional.linear(self.lora_dropout[ADAPTER](x), a.to(x.dtype))
-    update = torch.nn.functional.linear(hidden, b.to(x.dtype))
+    flat = x.reshape(-1, x.shape[-1])  # 2-D matmuls: fewer reshapes and views per linear, forward and backward
+    hidden = torch.nn.functional.linear(self.lora_dropout[ADAPTER](flat), a.to(x.dtype))
+    update = torch.nn.functional.linear(hidden, b.to(x.dtype)).view(result.shape)
     scale = self.scaling[ADAPTER]
     # alpha = rank (the default) scales by 1: no multiply forward or backward (10 aten calls fewer per layer)
     return result + (update if scale == 1.0 else update * scale)

@@ -25,7 +25,7 @@ def _peft_pair(rank: int = 4, alpha: float = 8.0, bias: bool = True):
     return model, ours
 
 
-@pytest.mark.parametrize("shape", [(2, 5, 16), (7, 16)])
+@pytest.mark.parametrize("shape", [(2, 5, 16), (7, 16), (2, 3, 5, 16)])
 @pytest.mark.parametrize("bias", [True, False])
 @pytest.mark.parametrize("alpha", [8.0, 4.0])  # scale 2, and 1 (alpha = rank: no multiply)
 def test_output_and_gradients_equal_peft_in_float32(shape, bias, alpha):
