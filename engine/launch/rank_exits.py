@@ -17,10 +17,11 @@ import time
 
 from . import processes
 
-UNKNOWN_CAUSE = "Another rank stopped first: its own error, earlier in train.log, is the cause."
-# a surviving rank's guesses at the cause (stopped_peer's sentence, or UNKNOWN_CAUSE where it saw no peer end)
-_GUESS = re.compile(r" ?(?:Another rank|rank \d+ \(pid \d+\)) stopped first[^:]*: its own error, earlier in "
-                    r"train\.log, is the cause\.")
+# A surviving rank's guess at the cause, where no peer of this host was seen killed: stopped_peer's sentence, or
+# UNKNOWN_CAUSE where it saw none end. _GUESS finds either (failure_cause drops it once the log names the killed rank).
+_OWN_ERROR = "its own error, earlier in train.log, is the cause."
+UNKNOWN_CAUSE = f"Another rank stopped first: {_OWN_ERROR}"
+_GUESS = re.compile(r" ?(?:Another rank|rank \d+ \(pid \d+\)) stopped first[^:]*: " + re.escape(_OWN_ERROR))
 
 # DeepSpeed's launcher's lines or local_ranks.py's; local lines only (no "host:" prefix of DeepSpeed's runner)
 _SPAWNED = re.compile(r"^\[[^\n]*\] process (\d+) spawned with command|^\[local_ranks\] rank \d+ is process (\d+):", re.M)
@@ -37,24 +38,17 @@ def _numbers(pattern: re.Pattern, text: str) -> list[int]:
 def lost_ranks(peers: list[dict], me: int, wait_s: float = 0.0) -> list[dict]:
     """Ranks on this host (from node_checks' facts: rank, pid, start, host) that have ended:
     [{"rank", "pid", "returncode" (None once reaped)}]. wait_s: how long to look again while none has
-    ended, for a peer whose sockets closed before the kernel finished its exit (a busy machine)."""
+    ended, for a peer whose sockets closed before the kernel finished its exit (a busy machine). With no
+    other rank on this host there is nothing to watch, and no wait."""
+    host = socket.gethostname()
+    local = [p for p in peers if p.get("rank") != me and p.get("host") == host and "pid" in p]
     deadline = time.monotonic() + wait_s
     while True:
-        lost = _ended(peers, me)
-        if lost or time.monotonic() >= deadline:
+        lost = [{"rank": p["rank"], "pid": p["pid"], "returncode": processes.exit_status(p["pid"])} for p in local
+                if not processes.is_running({"pid": p["pid"], "start": p.get("start", ""), "host": host})]
+        if lost or not local or time.monotonic() >= deadline:
             return lost
         time.sleep(0.05)
-
-
-def _ended(peers: list[dict], me: int) -> list[dict]:
-    host = socket.gethostname()
-    lost = []
-    for peer in peers:
-        if peer.get("rank") == me or peer.get("host") != host or "pid" not in peer:
-            continue
-        if not processes.is_running({"pid": peer["pid"], "start": peer.get("start", ""), "host": host}):
-            lost.append({"rank": peer["rank"], "pid": peer["pid"], "returncode": processes.exit_status(peer["pid"])})
-    return lost
 
 
 def killed_sentence(who: str, pid: int, returncode: int) -> str:
@@ -84,8 +78,7 @@ def stopped_peer(lost: list[dict]) -> str:
         return ""
     peer = lost[0]
     how = f" ({processes.describe_returncode(peer['returncode'])})" if peer.get("returncode") is not None else ""
-    return (f"rank {peer['rank']} (pid {peer['pid']}) stopped first{how}: its own error, earlier in train.log, "
-            "is the cause.")
+    return f"rank {peer['rank']} (pid {peer['pid']}) stopped first{how}: {_OWN_ERROR}"
 
 
 def failure_cause(log_text: str, errors: list[dict], returncode: int | None, pid: int, backend: str) -> str:

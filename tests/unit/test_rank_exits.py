@@ -101,3 +101,11 @@ def test_a_surviving_rank_waits_for_a_peer_that_is_still_ending():
     finally:
         peer.kill()
         peer.wait()
+
+
+def test_a_rank_with_no_peer_on_its_host_does_not_wait():
+    remote = [{"rank": 0, "pid": os.getpid(), "host": "another-host"}, {"rank": 1, "pid": os.getpid(),
+                                                                          "host": socket.gethostname()}]
+    start = time.monotonic()
+    assert rank_exits.lost_ranks(remote, me=1, wait_s=10) == []
+    assert time.monotonic() - start < 1
