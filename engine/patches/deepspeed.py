@@ -1,9 +1,11 @@
-"""What PipeTrain changes in DeepSpeed's pipeline engine (engine/train/pipeline.py uses it), and the
-gradient norm it records in both of DeepSpeed's engines (record_grad_norm).
+"""What PipeTrain changes in DeepSpeed's pipeline engine (engine/train/pipeline.py uses it), and in both of
+DeepSpeed's engines: the gradient norm and clipping (own_norm_and_clip), no all-reduce within one replica
+(skip_lone_replica_allreduce).
 
-Each piece sets or overrides a private part of DeepSpeed 0.18's PipelineModule / PipelineEngine;
-tests/*/test_pipeline*.py compare pipelined runs with plain ones (losses, clipped gradients, LoRA,
-gradient norms), so a DeepSpeed release that renames one fails there.
+Each piece sets or overrides a private part of DeepSpeed 0.18's PipelineModule / PipelineEngine /
+DeepSpeedEngine; tests/*/test_pipeline*.py compare pipelined runs with plain ones (losses, clipped gradients,
+LoRA, gradient norms) and tests/training/test_deepspeed_step.py compares the engine's steps with torch's by
+hand and counts its all-reduces, so a DeepSpeed release that renames one fails there.
 """
 from __future__ import annotations
 
@@ -29,26 +31,31 @@ def split_pipeline_module():
     return SplitPipelineModule
 
 
-def clip_by_the_whole_replica(params) -> None:
-    """DeepSpeed's clip_grad_norm_ sums the squared norm over the stages of a replica but counts only
-    the first stage's own parameters unless they are marked model-parallel: without this, a
-    pipelined run clips by stage 1's norm alone, unlike a plain run (tests/with_comfy/test_pipeline_chroma.py)."""
-    for p in params:
-        p.model_parallel = True
-
-
-def record_grad_norm(engine, norm_of) -> None:
-    """Keep `norm_of()` (engine/train/grad_norm.py) as engine.pipetrain_grad_norm at each optimizer step,
-    just before DeepSpeed clips and steps (its _take_model_step: the gradients are averaged over the
-    replicas by then). DeepSpeed's own get_global_grad_norm() stays None with a torch optimizer in fp32:
-    that path drops the norm its clip_grad_norm_ computes, and computes none without clipping."""
+def own_norm_and_clip(engine, norm_and_clip) -> None:
+    """At each optimizer step, just before DeepSpeed steps (its _take_model_step: the gradients are averaged
+    over the replicas by then), measure the gradient norm and clip by it with `norm_and_clip()`
+    (engine/train/grad_norm.py), and keep the norm as engine.pipetrain_grad_norm. DeepSpeed's own clipping
+    stays off (engine/train/distributed.py's config): its clip_grad_norm_ measures and scales each tensor on
+    its own, counts a pipeline's later stages only when their weights are marked model-parallel, and its
+    get_global_grad_norm() stays None with a torch optimizer in fp32."""
     take_model_step = engine._take_model_step
 
     def measured_step(*args, **kwargs):
-        engine.pipetrain_grad_norm = norm_of()
+        engine.pipetrain_grad_norm = norm_and_clip()
         return take_model_step(*args, **kwargs)
 
     engine._take_model_step = measured_step
+
+
+def skip_lone_replica_allreduce(engine, replicas: int) -> None:
+    """With one data-parallel replica (one GPU, or a pipeline over every GPU) DeepSpeed's gradient all-reduce
+    averages each gradient with itself: it copies every gradient into one buffer, reduces it over a group of
+    one rank and copies each back, a kernel launch per trained tensor (~1,500 for SDXL's LoRA) each optimizer
+    step for the same numbers. Turned off then, in both engines (the flags their backward passes read)."""
+    if replicas == 1:
+        engine.enable_backward_allreduce = False  # DeepSpeedEngine._backward_epilogue
+        if hasattr(engine, "pipeline_enable_backward_allreduce"):
+            engine.pipeline_enable_backward_allreduce = False  # PipelineEngine._exec_reduce_grads
 
 
 def stage_backward(engine) -> None:

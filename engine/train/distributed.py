@@ -34,11 +34,12 @@ def leave() -> None:
 
 
 def deepspeed_config(train) -> dict:
-    """DeepSpeed's config for a TrainSpec (the optimizer and schedule are passed as objects)."""
+    """DeepSpeed's config for a TrainSpec (the optimizer and schedule are passed as objects). Its clipping
+    stays off: the engines clip by train.grad_clip themselves (engine/patches/deepspeed.py, own_norm_and_clip)."""
     return {
         "train_micro_batch_size_per_gpu": train.batch_size,
         "gradient_accumulation_steps": train.grad_accum,
-        "gradient_clipping": train.grad_clip,
+        "gradient_clipping": 0.0,
         "steps_per_print": 10**9,
         "wall_clock_breakdown": False,
     }

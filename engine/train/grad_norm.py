@@ -1,11 +1,14 @@
 """The global gradient norm of the trained weights before clipping, once per optimizer step: the
-`grad_norm` of each `step` event and TensorBoard's train/grad_norm.
+`grad_norm` of each `step` event and TensorBoard's train/grad_norm, and the clipping by that norm.
 
-Each engine keeps it as `engine.pipetrain_grad_norm` at its optimizer step, after the gradients are
-averaged over the data-parallel replicas and before clipping: the plain backend in PlainTrainer.step,
-DeepSpeed's engines through engine/patches/deepspeed.py (record_grad_norm), since DeepSpeed 0.18's own
-get_global_grad_norm() is None with a plain torch optimizer in fp32, clipping or not. Pipelined, each
-stage holds part of the weights: the squared norms are summed over the stages of a pipeline.
+Each engine measures it at its optimizer step, after the gradients are averaged over the data-parallel
+replicas, clips by it (train.grad_clip) and keeps it as `engine.pipetrain_grad_norm`: the plain backend in
+PlainTrainer.step, DeepSpeed's engines through engine/patches/deepspeed.py (own_norm_and_clip), whose own
+clipping is off: DeepSpeed 0.18 measures and scales each tensor on its own from Python (two kernel launches
+per tensor, ~3,000 a step for SDXL's 1,478 LoRA tensors; torch's fused ones take a few) and its
+get_global_grad_norm() is None with a plain torch optimizer in fp32. Pipelined, each stage holds part of
+the weights: the squared norms are summed over the stages of a pipeline, so every stage clips by the norm
+of the whole replica.
 """
 from __future__ import annotations
 
@@ -27,6 +30,16 @@ def total_norm(params, group=None) -> torch.Tensor:
     if group is not None:
         tdist.all_reduce(squares, group=group)
     return squares.sqrt()
+
+
+def norm_and_clip(params, max_norm: float, group=None) -> torch.Tensor:
+    """total_norm of the gradients of `params` (a list); with max_norm > 0 those gradients are then scaled by
+    max_norm / (norm + 1e-6) where that is below 1, torch's clip_grad_norm_ rule, in one fused multiply.
+    Returns the norm before clipping."""
+    norm = total_norm(params, group)
+    if max_norm > 0:
+        torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm)
+    return norm
 
 
 def last_grad_norm(engine) -> float:

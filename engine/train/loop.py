@@ -149,7 +149,7 @@ def train(cfg: RunConfig, device: torch.device, events: EventLog, phases: SetupP
         optimizer = build_optimizer(cfg.memory.optimizer, params, t)
         scheduler = build_scheduler(optimizer, t, total_steps)
         with memory.hidden():  # DeepSpeed moves the whole model to the GPU: not the swapped blocks
-            engine = _build_engine(cfg, objective, optimizer, scheduler, params)
+            engine = build_trainer(cfg, objective, optimizer, scheduler, params)
 
     phases.done("engine")  # DeepSpeed's engine (pipelined: the stages, checked against apply_model)
 
@@ -277,9 +277,9 @@ def train(cfg: RunConfig, device: torch.device, events: EventLog, phases: SetupP
     return 0
 
 
-def _build_engine(cfg: RunConfig, objective: torch.nn.Module, optimizer, scheduler, params):
-    """DeepSpeed's engine (data parallel over the launched ranks), or the single-process one; either keeps
-    the gradient norm of `params` (the LoRA) at each optimizer step (engine/train/grad_norm.py)."""
+def build_trainer(cfg: RunConfig, objective: torch.nn.Module, optimizer, scheduler, params):
+    """DeepSpeed's engine (data parallel over the launched ranks), or the single-process one; either measures
+    the gradient norm of `params` (the LoRA) at each optimizer step and clips by it (engine/train/grad_norm.py)."""
     t = cfg.train
     if cfg.launch.backend == "plain":
         from .plain import PlainTrainer
@@ -287,12 +287,13 @@ def _build_engine(cfg: RunConfig, objective: torch.nn.Module, optimizer, schedul
         return PlainTrainer(objective, optimizer, scheduler, grad_accum=t.grad_accum, grad_clip=t.grad_clip)
     import deepspeed
 
-    from ..patches.deepspeed import record_grad_norm
-    from .grad_norm import total_norm
+    from ..patches.deepspeed import own_norm_and_clip, skip_lone_replica_allreduce
+    from .grad_norm import norm_and_clip
 
     engine, _, _, _ = deepspeed.initialize(model=objective, optimizer=optimizer, lr_scheduler=scheduler,
                                            config=dist.deepspeed_config(t))
-    record_grad_norm(engine, lambda: total_norm(params))  # the gradients are averaged over the replicas by then
+    own_norm_and_clip(engine, lambda: norm_and_clip(params, t.grad_clip))  # the gradients are averaged by then
+    skip_lone_replica_allreduce(engine, replicas=dist.world_size())  # every rank is a replica here
     return engine
 
 

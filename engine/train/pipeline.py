@@ -25,7 +25,7 @@ from ..config.rules import data_parallel_size
 from ..config.run import RunConfig
 from ..patches import deepspeed as ds_patches
 from .distributed import deepspeed_config
-from .grad_norm import total_norm
+from .grad_norm import norm_and_clip
 from .objective import DiffusionObjective
 from .sample_order import SampleStream, collate
 
@@ -41,7 +41,7 @@ def build_engine(cfg: RunConfig, model, objective: DiffusionObjective, optimizer
     from ..models import adapter_for
 
     stages = cfg.memory.pipeline_stages
-    data_parallel_size(tdist.get_world_size(), stages)
+    replicas = data_parallel_size(tdist.get_world_size(), stages)  # refuses a world the stages do not divide
     adapter = adapter_for(model)
     layers = [_BoundarySafe(layer) for layer in adapter.layers(model)]
     if dataset is not None:
@@ -65,13 +65,13 @@ def build_engine(cfg: RunConfig, model, objective: DiffusionObjective, optimizer
         what = "trained weights" if cfg.lora.kind == "full" else "LoRA weights"
         raise ConfigError(f"pipeline stage {module.stage_id + 1}/{stages} (layers {start}-{stop - 1} of {len(layers)}) "
                           f"holds no {what} with these targets ({cfg.lora.targets}): {fixes}.")
-    ds_patches.clip_by_the_whole_replica(params)
     optimizer = optimizer_factory(params)
     engine, _, _, _ = deepspeed.initialize(model=module, optimizer=optimizer, lr_scheduler=scheduler_factory(optimizer),
                                            config=deepspeed_config(cfg.train))
     ds_patches.stage_backward(engine)
     group = engine.grid.get_pipe_parallel_group()  # this replica's stages: the norm over all of its weights
-    ds_patches.record_grad_norm(engine, lambda: total_norm(params, group))
+    ds_patches.own_norm_and_clip(engine, lambda: norm_and_clip(params, cfg.train.grad_clip, group))
+    ds_patches.skip_lone_replica_allreduce(engine, replicas)
     return engine, adapter
 
 

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from ..atomic_files import replacing, write_text
-from .grad_norm import total_norm
+from .grad_norm import norm_and_clip
 
 STATE_FILE = "pipetrain_state.pt"
 
@@ -45,11 +45,7 @@ class PlainTrainer:
         self.micro_steps += 1
         if self.micro_steps % self.grad_accum:
             return
-        # The norm before clipping, for the step event (engine/train/grad_norm.py); clip_grad_norm_ returns it.
-        if self.grad_clip > 0:
-            self.pipetrain_grad_norm = torch.nn.utils.clip_grad_norm_(self.trainable, self.grad_clip)
-        else:
-            self.pipetrain_grad_norm = total_norm(self.trainable)
+        self.pipetrain_grad_norm = norm_and_clip(self.trainable, self.grad_clip)  # before clipping: the step event's
         self.optimizer.step()
         self.lr_scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)

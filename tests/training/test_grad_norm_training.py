@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine_runs import make_config, run_all_to_end
+from engine_runs import assert_same_lora, final_lora, make_config, run_all_to_end
 
 pytestmark = pytest.mark.slow
 
@@ -74,3 +74,9 @@ def test_step_one_reports_the_norm_before_clipping_on_both_backends(tmp_path, co
         assert len(norms) == 2 and all(n > 0 for n in norms), (run.cfg.run_name, norms)
         assert norms[0] == pytest.approx(reference, rel=1e-4), (run.cfg.run_name, norms[0], reference)
         assert _tensorboard_scalars(run.cfg.run_dir, "train/grad_norm") == pytest.approx(norms, rel=1e-6)
+    # both backends clip by that norm (DeepSpeed's own clipping is off: engine/patches/deepspeed.py), so their
+    # LoRAs agree; the clipped one differs from the unclipped, so leaving the clipping out could not pass
+    ds_off, ds_clip, _, plain_clip = (run.cfg.run_dir for run in runs)
+    assert_same_lora(plain_clip, ds_clip, rtol=1e-4, atol=1e-6)
+    unclipped, clipped = final_lora(ds_off), final_lora(ds_clip)
+    assert max((unclipped[k] - clipped[k]).abs().max().item() for k in clipped) > 1e-4
