@@ -11,9 +11,9 @@ that per-op cost. For each model it prints the forward + backward time and the n
 engine's own layer, engine/patches/peft.py), and the optimizer step (AdamW + clipping). --trainers picks
 who steps the LoRA rows: `plain` (PlainTrainer), `deepspeed` (DeepSpeed's engine as the train loop sets it
 up: engine/train/loop.py's build_trainer, one gloo rank) and `deepspeed_stock` (DeepSpeed's engine with its
-own clipping and gradient all-reduce, as before engine/patches/deepspeed.py turned them off). The optimizer
-columns count from the backward's end (where DeepSpeed all-reduces the gradients) to the step's.
-Figures are this CPU's: compare rows of one run.
+own clipping and gradient all-reduce, as before engine/patches/deepspeed.py turned them off). One micro-batch
+per step: DeepSpeed's all-reduce runs at the end of its backward (the forward + backward columns), its
+clipping in the optimizer step. Figures are this CPU's: compare rows of one run.
 """
 from __future__ import annotations
 
@@ -40,8 +40,6 @@ NARROW = {  # config keys over the released shape: widths only, every block coun
 
 
 def measure(name: str, lora: bool, repeats: int, trainer_kind: str = "plain") -> dict:
-    import torch
-
     from model_shapes import SHAPES, build
     from shape_cond import sample_cond
     from shape_files import random_state
@@ -110,8 +108,9 @@ def make_trainer(kind: str, objective, optimizer, scheduler, params, train):
                            "LOCAL_RANK": "0", "WORLD_SIZE": "1"}.items():
             os.environ.setdefault(key, value)
         dist.init("cpu")
+    train = replace(train, grad_accum=1)
     if kind != "deepspeed_stock":
-        cfg = SimpleNamespace(train=replace(train, grad_accum=1), launch=SimpleNamespace(backend=backend))
+        cfg = SimpleNamespace(train=train, launch=SimpleNamespace(backend=backend))
         return build_trainer(cfg, objective, optimizer, scheduler, params)
     import deepspeed
 

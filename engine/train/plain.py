@@ -45,7 +45,7 @@ class PlainTrainer:
         self.micro_steps += 1
         if self.micro_steps % self.grad_accum:
             return
-        self.pipetrain_grad_norm = norm_and_clip(self.trainable, self.grad_clip)  # before clipping: the step event's
+        self.pipetrain_grad_norm = norm_and_clip(self.trainable, self.grad_clip)  # the norm before clipping
         self.optimizer.step()
         self.lr_scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
