@@ -1,6 +1,6 @@
-"""One gloo rank for tests/training/test_deepspeed_step.py: a small MLP trained by DeepSpeed's engine set up
-as engine/train/loop.py sets it up (engine/train/distributed.py's config, own_norm_and_clip,
-skip_lone_replica_allreduce). Prints, as one JSON line: the weights after the steps, the gradient norm of
+"""One gloo rank for tests/training/test_deepspeed_step.py: a small MLP trained by DeepSpeed's engine as the
+train loop builds it (engine/train/loop.py's build_trainer: engine/train/distributed.py's config,
+own_norm_and_clip, skip_lone_replica_allreduce). Prints, as one JSON line: the weights after the steps, the gradient norm of
 each step and how many times DeepSpeed's gradient all-reduce ran.
 
     RANK=0 WORLD_SIZE=1 LOCAL_RANK=0 MASTER_ADDR=127.0.0.1 MASTER_PORT=... python tests/deepspeed_step_rank.py MAX_NORM
@@ -33,24 +33,19 @@ def loss_of(net: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Ten
 
 
 def main(max_norm: float) -> None:
-    import deepspeed
-
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    from engine.patches.deepspeed import own_norm_and_clip, skip_lone_replica_allreduce
     from engine.train import distributed as dist
-    from engine.train.grad_norm import norm_and_clip
+    from engine.train.loop import build_trainer
 
     dist.init("cpu")
-    rank, world = dist.rank(), dist.world_size()
+    rank = dist.rank()
     net = model()
     params = list(net.parameters())
     optimizer = torch.optim.AdamW(params, lr=LR)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
-    train = SimpleNamespace(batch_size=4, grad_accum=GRAD_ACCUM, grad_clip=max_norm)
-    engine, _, _, _ = deepspeed.initialize(model=net, optimizer=optimizer, lr_scheduler=schedule,
-                                           config=dist.deepspeed_config(train))
-    own_norm_and_clip(engine, lambda: norm_and_clip(params, max_norm))
-    skip_lone_replica_allreduce(engine, replicas=world)
+    cfg = SimpleNamespace(train=SimpleNamespace(batch_size=4, grad_accum=GRAD_ACCUM, grad_clip=max_norm),
+                          launch=SimpleNamespace(backend="deepspeed"))
+    engine = build_trainer(cfg, net, optimizer, schedule, params)
     reduce, reduced = engine.buffered_allreduce_fallback, []
 
     def counted_reduce(*args, **kwargs):
